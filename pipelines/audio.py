@@ -1,0 +1,146 @@
+"""Decode any audio (or the audio track of a video) to 16 kHz mono float32.
+
+soundfile (libsndfile: wav, flac, ogg/vorbis, opus, mp3) is tried first; PyAV (ffmpeg: m4a, mp4, webm,
+anything else) second. Resampling is soxr's. Long files can be streamed in blocks so memory stays bounded.
+Every failure is an ``AudioDecodeError`` whose message names the file and the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+SAMPLE_RATE = 16000  # Whisper's input rate, Hz
+# Extensions offered when a folder is scanned; any other file can still be passed explicitly.
+AUDIO_EXTENSIONS = frozenset(
+    {".wav", ".flac", ".mp3", ".ogg", ".opus", ".oga", ".m4a", ".aac", ".mp4", ".m4v", ".mov", ".mkv",
+     ".webm", ".wma", ".aiff", ".aif", ".caf"}
+)
+
+
+class AudioDecodeError(ValueError):
+    """The file cannot be turned into audio samples; the message says which file and why."""
+
+    def __init__(self, path: str | Path, reason: str) -> None:
+        self.path, self.reason = str(path), reason
+        super().__init__(f"{path}: {reason}")
+
+
+def _check_file(path: Path) -> None:
+    if not path.exists():
+        raise AudioDecodeError(path, "no such file")
+    if not path.is_file():
+        raise AudioDecodeError(path, "not a regular file")
+    if path.stat().st_size == 0:
+        raise AudioDecodeError(path, "empty file (0 bytes)")
+
+
+def _to_mono(block: np.ndarray) -> np.ndarray:
+    return block.mean(axis=1, dtype=np.float32) if block.ndim == 2 else block.astype(np.float32, copy=False)
+
+
+def _stream_soundfile(path: Path, block_seconds: float) -> Iterator[np.ndarray]:
+    import soundfile as sf
+    import soxr
+
+    with sf.SoundFile(path) as f:
+        if f.frames == 0:
+            raise AudioDecodeError(path, "zero-length audio (no samples)")
+        resampler = None if f.samplerate == SAMPLE_RATE else soxr.ResampleStream(
+            f.samplerate, SAMPLE_RATE, 1, dtype="float32"
+        )
+        block = max(1, int(block_seconds * f.samplerate))
+        while True:
+            data = f.read(block, dtype="float32", always_2d=True)
+            last = len(data) < block
+            mono = _to_mono(data)
+            if resampler is not None:
+                mono = resampler.resample_chunk(mono, last=last)
+            if len(mono):
+                yield mono
+            if last:
+                return
+
+
+def _stream_av(path: Path, block_seconds: float) -> Iterator[np.ndarray]:
+    import av
+
+    try:
+        container = av.open(str(path))
+    except (av.error.FFmpegError, UnicodeDecodeError) as exc:
+        raise AudioDecodeError(path, f"not an audio file or unsupported format ({exc.__class__.__name__})") from None
+    with container:
+        if not container.streams.audio:
+            raise AudioDecodeError(path, "the file has no audio stream")
+        stream = container.streams.audio[0]
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+        pending: list[np.ndarray] = []
+        pending_len, block, total = 0, int(block_seconds * SAMPLE_RATE), 0
+
+        def frames() -> Iterator[np.ndarray]:
+            try:
+                for frame in container.decode(stream):
+                    for out in resampler.resample(frame):
+                        yield out.to_ndarray().reshape(-1)
+                for out in resampler.resample(None):
+                    yield out.to_ndarray().reshape(-1)
+            except av.error.FFmpegError as exc:
+                raise AudioDecodeError(path, f"corrupt audio data ({exc})") from None
+
+        for samples in frames():
+            pending.append(samples)
+            pending_len += len(samples)
+            if pending_len >= block:
+                out = np.concatenate(pending)
+                total += len(out)
+                yield out
+                pending, pending_len = [], 0
+        if pending_len:
+            total += pending_len
+            yield np.concatenate(pending)
+        if total == 0:
+            raise AudioDecodeError(path, "zero-length audio (no samples decoded)")
+
+
+def stream_audio(path: str | Path, block_seconds: float = 30.0) -> Iterator[np.ndarray]:
+    """Yield consecutive 16 kHz mono float32 blocks of about ``block_seconds`` each."""
+    import soundfile as sf
+
+    path = Path(path)
+    _check_file(path)
+    try:
+        with sf.SoundFile(path):
+            pass
+        use_soundfile = True
+    except (sf.LibsndfileError, RuntimeError, TypeError):
+        use_soundfile = False
+    if use_soundfile:
+        try:
+            yield from _stream_soundfile(path, block_seconds)
+            return
+        except sf.LibsndfileError as exc:
+            raise AudioDecodeError(path, f"corrupt audio data ({exc})") from None
+    yield from _stream_av(path, block_seconds)
+
+
+def load_audio(path: str | Path) -> np.ndarray:
+    """The whole file as one 16 kHz mono float32 array."""
+    return np.concatenate(list(stream_audio(path)))
+
+
+def audio_duration(samples: np.ndarray) -> float:
+    """Seconds of audio in a 16 kHz array."""
+    return len(samples) / SAMPLE_RATE
+
+
+def write_wav(path: str | Path, samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> None:
+    """16-bit PCM wav (what the data builders write)."""
+    import soundfile as sf
+
+    sf.write(str(path), np.clip(samples, -1.0, 1.0), sample_rate, subtype="PCM_16")
+
+
+def is_audio_name(path: Path) -> bool:
+    return path.suffix.lower() in AUDIO_EXTENSIONS

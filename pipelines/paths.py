@@ -1,0 +1,34 @@
+"""Where Tandem keeps what it builds: one cache root, configurable by ``TANDEM_CACHE``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# The repository root (this file lives in <root>/pipelines/). Used to find models.yaml and data/.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def cache_root() -> Path:
+    """The cache root: ``$TANDEM_CACHE``, else ``$XDG_CACHE_HOME/tandem``, else ``~/.cache/tandem``."""
+    explicit = os.environ.get("TANDEM_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "tandem"
+
+
+def models_dir() -> Path:
+    """Converted embedded models live here, one folder each."""
+    return cache_root() / "models"
+
+
+def data_dir() -> Path:
+    """Built evaluation sets live here, one folder each with a ``manifest.jsonl``."""
+    return cache_root() / "data"
+
+
+def downloads_dir() -> Path:
+    """Registry artefacts fetched by the data builders (source tarballs, npm packages, apt lists)."""
+    return cache_root() / "downloads"
