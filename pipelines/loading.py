@@ -1,0 +1,131 @@
+"""From a model reference (hub id, local folder or embedded name) to configs, tokenizers and models.
+
+All three kinds go through the same ``from_pretrained`` path: an embedded model is first converted to a
+local folder (``embedded.embedded_path``), a hub model is read from the Hugging Face cache or downloaded
+(on a machine with internet).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import embedded
+
+SOURCES = ("hub", "local", "embedded")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ModelUnavailableError(RuntimeError):
+    """A model cannot be had right now (not downloaded and offline, folder missing, package missing)."""
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """Where one model's weights come from."""
+
+    source: str  # "hub" (a model hub id), "local" (a folder) or "embedded" (shipped in a registry package)
+    id: str  # hub id, folder path, or embedded name
+    revision: str | None = None  # hub only: branch, tag or commit
+
+    def __str__(self) -> str:
+        rev = f"@{self.revision}" if self.revision else ""
+        return f"{self.source}:{self.id}{rev}"
+
+
+def _hub_cached_folder(ref: ModelRef) -> Path | None:
+    """The snapshot folder holding this hub model's config.json in the local cache, if there is one."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(ref.id, "config.json", revision=ref.revision)
+    return Path(found).parent if isinstance(found, str) else None
+
+
+def is_available_offline(ref: ModelRef) -> bool:
+    """True when the weights can be had without a network: cached, on disk, or installed."""
+    if ref.source == "embedded":
+        return embedded.is_installed(ref.id)
+    if ref.source == "local":
+        return (Path(ref.id) / "config.json").is_file()
+    return _hub_cached_folder(ref) is not None
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+
+
+def resolve(ref: ModelRef) -> tuple[str, dict]:
+    """What to hand ``from_pretrained``: a path or hub id, and keyword arguments (revision, offline)."""
+    if ref.source == "embedded":
+        try:
+            return str(embedded.embedded_path(ref.id)), {}
+        except embedded.EmbeddedModelError as exc:
+            raise ModelUnavailableError(str(exc)) from None
+    if ref.source == "local":
+        if not (Path(ref.id) / "config.json").is_file():
+            raise ModelUnavailableError(f"model folder {ref.id} has no config.json")
+        return ref.id, {}
+    kwargs: dict = {"revision": ref.revision} if ref.revision else {}
+    cached = _hub_cached_folder(ref)
+    if cached is not None:
+        kwargs["local_files_only"] = True
+    elif _offline():
+        raise ModelUnavailableError(f"{ref} is not in the local cache and HF_HUB_OFFLINE is set")
+    return ref.id, kwargs
+
+
+def _hub_failure(ref: ModelRef, exc: Exception) -> ModelUnavailableError:
+    return ModelUnavailableError(
+        f"{ref} could not be loaded ({exc.__class__.__name__}); it needs the model hub or a local copy"
+    )
+
+
+def load_config(ref: ModelRef):
+    from transformers import AutoConfig
+
+    where, kwargs = resolve(ref)
+    try:
+        return AutoConfig.from_pretrained(where, **kwargs)
+    except (OSError, ValueError) as exc:
+        raise _hub_failure(ref, exc) from None
+
+
+def load_tokenizer(ref: ModelRef):
+    from transformers import AutoTokenizer
+
+    where, kwargs = resolve(ref)
+    try:
+        return AutoTokenizer.from_pretrained(where, **kwargs)
+    except (OSError, ValueError) as exc:
+        raise _hub_failure(ref, exc) from None
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def load_model(ref: ModelRef, dtype: str = "float32"):
+    """The model in eval mode, with the auto class its config names (seq2seq, speech seq2seq or causal)."""
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForSeq2SeqLM,
+        AutoModelForSpeechSeq2Seq,
+        WhisperForCausalLM,
+    )
+
+    config = load_config(ref)
+    where, kwargs = resolve(ref)
+    if config.model_type == "whisper":
+        cls = AutoModelForSpeechSeq2Seq if config.is_encoder_decoder else WhisperForCausalLM
+    elif config.is_encoder_decoder:
+        cls = AutoModelForSeq2SeqLM
+    else:
+        cls = AutoModelForCausalLM
+    try:
+        model = cls.from_pretrained(where, dtype=torch_dtype(dtype), **kwargs)
+    except (OSError, ValueError) as exc:
+        raise _hub_failure(ref, exc) from None
+    return model.eval()
