@@ -1,0 +1,228 @@
+"""The ``tandem`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from . import __version__
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    import warnings
+
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def _set_threads(n: int | None) -> None:
+    import torch
+
+    if n:
+        torch.set_num_threads(n)
+
+
+# ----------------------------------------------------------------------------------------------------
+# tandem models
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from .loading import is_available_offline
+    from .registry import load_registry, preflight
+
+    registry = load_registry(args.models)
+    rows = []
+    for pair in registry.pairs.values():
+        if pair.test_only and not args.all:
+            continue
+        refs = [pair.main] + ([pair.assistant] if pair.assistant else [])
+        offline = all(is_available_offline(r) for r in refs)
+        drafter = {"none": "none (plain decoding)", "prompt-lookup": "prompt lookup"}.get(
+            pair.draft, f"{pair.assistant}" + (" + prompt lookup" if pair.draft == "model+prompt-lookup" else "")
+        )
+        default = " (default)" if registry.defaults.get(pair.task) == pair.name else ""
+        rows.append((pair, default, drafter, offline, preflight(pair, online=args.online)))
+    print(f"pairs in {registry.path}")
+    for pair, default, drafter, offline, verdict in rows:
+        print(f"\n{pair.name}{default}{'  [test only]' if pair.test_only else ''}")
+        print(f"  task:        {pair.task}")
+        print(f"  main:        {pair.main}")
+        print(f"  drafter:     {drafter}{'  (reads the main encoder output)' if pair.share_encoder else ''}")
+        print(f"  dtype:       {pair.dtype}")
+        print(f"  offline:     {'available' if offline else 'not available (needs the model hub)'}")
+        print(f"  pre-flight:  {verdict.summary()}")
+    failed = [p.name for p, *_, v in rows if v.ok is False]
+    return 1 if failed else 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# tandem data
+
+
+def cmd_data_build(args: argparse.Namespace) -> int:
+    from .evalsets import SETS, DataBuildError, build_set
+
+    names = args.sets or list(SETS)
+    status = 0
+    for name in names:
+        start = time.perf_counter()
+        try:
+            info = build_set(name, force=args.force)
+        except DataBuildError as exc:
+            print(f"{name}: FAILED: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        what = "built" if info.built else "up to date"
+        print(f"{name}: {what}, {info.count} items in {info.folder} ({time.perf_counter() - start:.1f} s)")
+    return status
+
+
+def cmd_data_list(args: argparse.Namespace) -> int:
+    from .evalsets import MANIFEST, SETS, set_dir
+
+    for name in SETS:
+        manifest = set_dir(name) / MANIFEST
+        state = f"built: {manifest}" if manifest.is_file() else "not built"
+        print(f"{name:18s} {state}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# tandem transcribe / demo
+
+
+def _load_refs(manifest: str | None) -> dict[str, str]:
+    """Reference texts keyed by audio file stem (and by item id)."""
+    if not manifest:
+        return {}
+    from .evalsets import read_manifest
+
+    refs = {}
+    for item in read_manifest(Path(manifest)):
+        refs[item["id"]] = item["reference"]
+        if "audio" in item:
+            refs[Path(item["audio"]).stem] = item["reference"]
+    return refs
+
+
+def run_transcribe(paths: list[str], pair_name: str | None, language: str | None, task: str, dtype: str | None,
+                   refs_manifest: str | None, models: str | None) -> int:
+    from .asr import TranscribeOptions, transcribe
+    from .metrics import wer
+    from .registry import load_registry
+
+    registry = load_registry(models)
+    pair = registry.get(pair_name) if pair_name else registry.default("asr")
+    if pair.task != "asr":
+        print(f"pair {pair.name!r} is a {pair.task} pair, not an asr pair", file=sys.stderr)
+        return 2
+    options = TranscribeOptions(language=None if language == "auto" else language, task=task, dtype=dtype)
+    refs = _load_refs(refs_manifest)
+    mode = "plain decoding" if not pair.uses_assistant else f"assistant {pair.assistant}"
+    print(f"pair {pair.name}: {pair.main}, {mode}, {options.dtype or pair.dtype}")
+    start = time.perf_counter()
+    results = []
+    for result in transcribe(paths, pair, options):
+        results.append(result)
+        if result.ok:
+            print(f"{Path(result.path).name}  [{result.duration:.1f} s audio, {result.seconds:.2f} s]  {result.text}")
+        else:
+            print(f"{Path(result.path).name}  FAILED: {result.error}")
+    wall = time.perf_counter() - start
+    good = [r for r in results if r.ok]
+    audio = sum(r.duration for r in good)
+    print("\nsummary")
+    print(f"  files:           {len(results)} ({len(results) - len(good)} failed)")
+    print(f"  audio:           {audio:.1f} s")
+    print(f"  wall time:       {wall:.1f} s (decoding {sum(r.seconds for r in good):.1f} s)")
+    if audio:
+        print(f"  real-time factor: {wall / audio:.3f} (wall / audio; below 1 is faster than real time)")
+    scored = [(r.text, refs[Path(r.path).stem]) for r in good if Path(r.path).stem in refs]
+    if scored:
+        score = wer([h for h, _ in scored], [r for _, r in scored], language=options.language or "en")
+        print(f"  WER:             {100 * score.value:.2f}% on {score.n} files  [{score.signature}]")
+    return 1 if len(good) < len(results) else 0
+
+
+def cmd_transcribe(args: argparse.Namespace) -> int:
+    return run_transcribe(args.paths, args.pair, args.language, args.task, args.dtype, args.refs, args.models)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Build the real-speech sample set and transcribe it on the default ASR pair."""
+    from .evalsets import MANIFEST, build_set
+
+    info = build_set("speech-real")
+    print(f"sample audio: {info.count} real utterances in {info.folder / 'audio'}")
+    return run_transcribe([str(info.folder / "audio")], None, "en", "transcribe", None,
+                          str(info.folder / MANIFEST), args.models)
+
+
+# ----------------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tandem",
+        description="Faster speech recognition, translation and summarization with assisted decoding, same output.",
+    )
+    parser.add_argument("--version", action="version", version=f"tandem {__version__}")
+    parser.add_argument("--models", metavar="FILE", help="pair registry to use (default: the project's models.yaml, or $TANDEM_MODELS)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("models", help="list every pair: task, weights, offline availability, pre-flight verdict")
+    p.add_argument("--all", action="store_true", help="include test-only pairs")
+    p.add_argument("--online", action="store_true", help="fetch configs and tokenizers of hub models for the pre-flight")
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("data", help="build and list the offline evaluation sets")
+    data_sub = p.add_subparsers(dest="data_command", required=True)
+    b = data_sub.add_parser("build", help="build sets (all when none is named); a second run does nothing")
+    b.add_argument("sets", nargs="*", metavar="SET", help="speech-real, speech-synth, speech-long, translate-udhr, summarize-own, summarize-debian")
+    b.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    b.set_defaults(func=cmd_data_build)
+    ls = data_sub.add_parser("list", help="which sets are built, and where")
+    ls.set_defaults(func=cmd_data_list)
+
+    p = sub.add_parser("transcribe", help="transcribe audio or video files, folders (recursive) or globs")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("--pair", help="asr pair from the registry (default: the registry's asr default)")
+    p.add_argument("--language", default="en", help="language code, or 'auto' to detect per file (default: en)")
+    p.add_argument("--task", choices=["transcribe", "translate"], default="transcribe")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="compute dtype (default: the pair's)")
+    p.add_argument("--refs", metavar="MANIFEST", help="a manifest.jsonl with reference texts: prints WER")
+    p.set_defaults(func=cmd_transcribe)
+
+    p = sub.add_parser("demo", help="the main job on sample audio: build speech-real and transcribe it with WER")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    _quiet_libraries()
+    args = build_parser().parse_args(argv)
+    _set_threads(args.threads)
+    from .audio import AudioDecodeError
+    from .evalsets import DataBuildError
+    from .loading import ModelUnavailableError
+    from .registry import RegistryError
+
+    try:
+        return args.func(args)
+    except (RegistryError, ModelUnavailableError, DataBuildError, AudioDecodeError) as exc:
+        print(f"tandem: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tandem: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Shared fixtures. Built artefacts (converted models, evaluation sets) live in the normal Tandem cache
+(``$TANDEM_CACHE`` or ~/.cache/tandem) so a second run reuses them; tests that damage a cache work on a
+private copy under tmp_path."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _two_threads():
+    import torch
+
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(scope="session")
+def registry():
+    from pipelines.registry import load_registry
+
+    return load_registry()
+
+
+@pytest.fixture(scope="session")
+def base_dir():
+    from pipelines.embedded import embedded_path
+
+    return embedded_path("whisper-base")
+
+
+@pytest.fixture(scope="session")
+def speech_real():
+    from pipelines.evalsets import build_set, read_manifest
+
+    build_set("speech-real")
+    return read_manifest("speech-real")
+
+
+@pytest.fixture(scope="session")
+def base_runner(registry):
+    from pipelines.asr import WhisperRunner
+
+    return WhisperRunner(registry.get("whisper-base"))

@@ -1,0 +1,60 @@
+"""The tandem command as a user runs it (in-process through main(), and once as a real subprocess)."""
+
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import soundfile as sf
+
+from pipelines.cli import main
+
+
+def test_models_lists_availability_and_verdicts(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    block = out.split("\nwhisper-base (default)\n")[1].split("\n\n")[0]
+    assert "offline:     available" in block and "pre-flight:  ok" in block and "plain decoding" in block
+    hub = out.split("\nwhisper-large-v3+distil-large-v3\n")[1].split("\n\n")[0]
+    assert "not available (needs the model hub)" in hub and "not checked" in hub
+    assert "test only" not in out
+    assert main(["models", "--all"]) == 0
+    assert "whisper-base+truncated-2l  [test only]" in capsys.readouterr().out
+
+
+def test_broken_models_file_is_one_sentence(tmp_path, capsys):
+    bad = tmp_path / "models.yaml"
+    bad.write_text("pairs:\n  p:\n    task: asr\n    mian: {embedded: whisper-base}\n")
+    assert main(["--models", str(bad), "models"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"tandem: {bad}: pair 'p': field 'mian' is not a known field " \
+                  "(known: assistant, description, draft, dtype, languages, main, prompt_lookup_ngram, " \
+                  "share_encoder, task, test_only)"
+
+
+def test_transcribe_goes_on_past_bad_files(tmp_path, speech_real, capsys):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    good = next(i for i in speech_real if i["id"] == "goforward")
+    shutil.copy(good["audio_path"], folder / "goforward.wav")
+    (folder / "broken.wav").write_text("not audio")
+    (folder / "empty.flac").write_bytes(b"")
+    sf.write(folder / "silence.wav", np.zeros(16000 * 2, dtype=np.float32), 16000)
+    manifest = tmp_path / "refs.jsonl"
+    manifest.write_text('{"id": "goforward", "audio": "goforward.wav", "reference": "go forward ten meters"}\n')
+    code = main(["transcribe", str(folder), "--refs", str(manifest)])
+    out = capsys.readouterr().out
+    assert code == 1  # some files failed
+    assert "goforward.wav" in out and "Go forward 10 meters" in out
+    assert "broken.wav  FAILED: not an audio file" in out
+    assert "empty.flac  FAILED: empty file" in out
+    assert "files:           4 (2 failed)" in out
+    assert "WER:             0.00% on 1 files" in out
+
+
+def test_console_script_help():
+    exe = shutil.which("tandem") or f"{sys.executable} -m pipelines.cli"
+    out = subprocess.run(f"{exe} --help", shell=True, capture_output=True, text=True)
+    assert out.returncode == 0
+    for command in ("models", "data", "transcribe", "demo"):
+        assert command in out.stdout

