@@ -1,0 +1,13 @@
+"""Tandem's assisted-decoding engine (encode once, draft, verify, accept). Knows nothing of audio, files or UI."""
+
+from .core import AssistedDecoder, DecodeOptions, DecodeResult, DecodeStats
+from .decoders import Decoder, EncoderOutput, as_decoder
+from .drafters import Drafter, ModelDrafter, PromptLookup
+from .policies import POLICIES, PolicyOptions
+from .rules import Rules, Sampling, rules_from_generation_config
+
+__all__ = [
+    "AssistedDecoder", "DecodeOptions", "DecodeResult", "DecodeStats", "Decoder", "EncoderOutput", "as_decoder",
+    "Drafter", "ModelDrafter", "PromptLookup", "POLICIES", "PolicyOptions", "Rules", "Sampling",
+    "rules_from_generation_config",
+]

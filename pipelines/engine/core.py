@@ -1,0 +1,237 @@
+"""The assisted-decoding loop: encode once, draft, verify in one main-model pass, accept, repeat.
+
+    encode      the main encoder runs once per batch; an assistant sharing it reads the same output
+    draft       the drafter proposes k_b tokens for each row b (k_b from the lookahead policy)
+    verify      one main-model pass over [tokens the main cache lacks] + drafts, for all rows at once
+    accept      greedy: the longest prefix of drafts equal to the main model's argmax, then the main
+                model's own next token; sampling: the speculative-sampling rule
+    repeat      until every row has emitted EOS or max_new_tokens; finished rows leave the batch
+
+Nothing here knows about audio, files or UI: inputs are encoder inputs (tensors) and decoder prompts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from .decoders import Decoder, EncoderOutput
+from .drafters import Drafter
+from .policies import PolicyOptions, make_policy
+from .rules import PAD_GEN_LEN, Rules, Sampling, apply_rules, to_probs
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    max_new_tokens: int = 128  # per row, the prompt not counted
+    do_sample: bool = False  # False: greedy (lossless); True: speculative sampling (same distribution)
+    sampling: Sampling = Sampling()  # temperature / top-k / top-p when do_sample
+    seed: int | None = None  # sampling seed (a fresh generator per call)
+    policy: PolicyOptions = PolicyOptions()  # how many tokens to draft each round
+    use_drafter: bool = True  # False: plain decoding through the same loop
+
+
+@dataclass(frozen=True)
+class DecodeStats:
+    rows: int  # batch size
+    new_tokens: int  # tokens emitted, all rows
+    rounds: int  # loop iterations
+    main_calls: int  # main-model decoder passes (one per round)
+    draft_calls: int  # drafter forward passes
+    encoder_calls: int  # encoder passes, main and assistant together (1 when the encoder output is shared)
+    drafted: int  # draft tokens proposed
+    accepted: int  # draft tokens accepted
+    accepted_hist: dict[int, int] = field(default_factory=dict)  # accepted drafts per (row, round) -> count
+    encode_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    other_s: float = 0.0
+    total_s: float = 0.0
+
+    @property
+    def acceptance(self) -> float:
+        """Accepted / proposed draft tokens."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def calls_per_token(self) -> float:
+        """Main-model decoder passes per emitted token (1.0 for plain decoding; lower is better)."""
+        return self.main_calls / self.new_tokens if self.new_tokens else 0.0
+
+    @property
+    def tokens_per_call(self) -> float:
+        return self.new_tokens / self.main_calls if self.main_calls else 0.0
+
+    def to_dict(self) -> dict:
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out.update(acceptance=self.acceptance, calls_per_token=self.calls_per_token, tokens_per_call=self.tokens_per_call)
+        return out
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    tokens: tuple[tuple[int, ...], ...]  # per row: the emitted tokens (EOS included when emitted)
+    stats: DecodeStats
+
+
+def _truncate(tokens: list[int], eos: tuple[int, ...], room: int) -> tuple[list[int], bool]:
+    """Cut after the first EOS and to ``room`` tokens; True when the row is finished."""
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[: i + 1], True
+    if len(tokens) >= room:
+        return tokens[:room], True
+    return tokens, False
+
+
+def accept_greedy(drafts: list[int], logits: torch.Tensor) -> tuple[int, int]:
+    """logits (k+1, V) at the positions before each draft and after the last.
+    Accept the longest prefix with d_j == argmax_j; the next token is the main model's argmax there."""
+    best = torch.argmax(logits, dim=-1).tolist()
+    n = 0
+    while n < len(drafts) and drafts[n] == best[n]:
+        n += 1
+    return n, best[n]
+
+
+def accept_sampling(drafts: list[int], qs: list[torch.Tensor | None], logits: torch.Tensor, sampling: Sampling,
+                    generator: torch.Generator | None) -> tuple[int, int]:
+    """Speculative sampling. p_j = main distribution at position j, q_j = the draft's.
+    Accept d_j with probability min(1, p_j(d_j) / q_j(d_j)); on the first rejection draw from
+    norm(max(p_j - q_j, 0)); if every draft is accepted draw the bonus token from p_k.
+    A deterministic draft (prompt lookup) has q_j = one-hot(d_j)."""
+    p = to_probs(logits, sampling)
+    for j, (d, q) in enumerate(zip(drafts, qs)):
+        if q is None:
+            q = torch.zeros_like(p[j])
+            q[d] = 1.0
+        ratio = float(p[j, d] / q[d]) if q[d] > 0 else 0.0
+        u = float(torch.rand((), generator=generator))
+        if u < min(1.0, ratio):
+            continue
+        residual = torch.clamp(p[j] - q, min=0.0)
+        total = residual.sum()
+        residual = residual / total if total > 0 else p[j]
+        return j, int(torch.multinomial(residual, 1, generator=generator))
+    return len(drafts), int(torch.multinomial(p[len(drafts)], 1, generator=generator))
+
+
+class AssistedDecoder:
+    """A main model and (optionally) a drafter. Holds no per-request state: call ``generate`` freely."""
+
+    def __init__(self, main: Decoder, drafter: Drafter | None = None, pad_id: int = 0) -> None:
+        self.main, self.drafter, self.pad_id = main, drafter, pad_id
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], rules: Rules, options: DecodeOptions = DecodeOptions(),
+                 encoder_inputs: dict | None = None, encoder_output: EncoderOutput | None = None) -> DecodeResult:
+        t_start = time.perf_counter()
+        rows = len(prompts)
+        generator = torch.Generator().manual_seed(options.seed) if options.seed is not None else None
+        sampling = options.sampling if options.do_sample else None
+        drafter = self.drafter if options.use_drafter else None
+        policy = make_policy(options.policy)
+
+        t0 = time.perf_counter()
+        encoder_calls = 0
+        enc = encoder_output
+        if self.main.reads_encoder and enc is None:
+            enc = self.main.encode(**encoder_inputs)
+            encoder_calls += 1
+        if drafter is not None:
+            encoder_calls += drafter.start(prompts, enc, encoder_inputs)
+        encode_s = time.perf_counter() - t0
+
+        cache = self.main.new_cache(rows)
+        seqs = [list(p) for p in prompts]
+        prompt_lens = [len(p) for p in prompts]
+        pending = [list(p) for p in prompts]  # tokens the main cache lacks
+        out: list[list[int]] = [[] for _ in range(rows)]
+        alive = list(range(rows))  # original row index of each batch row
+        hist: Counter[int] = Counter()
+        n_rounds = main_calls = draft_calls = drafted_total = accepted_total = 0
+        draft_s = verify_s = 0.0
+
+        while alive:
+            n_rounds += 1
+            gen_lens = [len(s) - pl for s, pl in zip(seqs, prompt_lens)]
+            ks = policy.next_k(len(alive)) if drafter is not None else [0] * len(alive)
+            ks = [min(k, options.max_new_tokens - g - 1) for k, g in zip(ks, gen_lens)]
+            if drafter is not None and any(k > 0 for k in ks):
+                d = drafter.draft(ks, seqs, gen_lens, sampling, generator, policy.stop_below)
+                drafts, qs, draft_calls, draft_s = d.tokens, d.probs, draft_calls + d.steps, draft_s + d.seconds
+                d_s = d.seconds
+            else:
+                drafts, qs, d_s = [[] for _ in alive], None, 0.0
+
+            # verify: one main pass over pending + drafts; logits from the last pending token on
+            t1 = time.perf_counter()
+            chunks = [p + dr for p, dr in zip(pending, drafts)]
+            logits, _ = self.main.forward(chunks, cache, enc, self.pad_id)
+            main_calls += 1
+            width = max(len(dr) for dr in drafts) + 1
+            sel = torch.full((len(alive), width, logits.shape[-1]), float("-inf"))
+            lens = torch.full((len(alive), width), PAD_GEN_LEN, dtype=torch.long)
+            for b, (p, dr) in enumerate(zip(pending, drafts)):
+                sel[b, : len(dr) + 1] = logits[b, len(p) - 1 : len(p) + len(dr)]
+                lens[b, : len(dr) + 1] = torch.arange(len(dr) + 1) + gen_lens[b]
+            prefixes = None
+            if rules.needs_prefix:
+                prefixes = [[seqs[b] + dr[:j] for j in range(len(dr) + 1)] for b, dr in enumerate(drafts)]
+            apply_rules(rules, sel, lens, options.max_new_tokens, prefixes)
+
+            keep = torch.zeros(len(alive), logits.shape[1], dtype=torch.bool)
+            accepted, emitted, finished = [], [], []
+            for b, (p, dr) in enumerate(zip(pending, drafts)):
+                row_logits = sel[b, : len(dr) + 1]
+                if sampling is None:
+                    n, nxt = accept_greedy(dr, row_logits)
+                else:
+                    n, nxt = accept_sampling(dr, qs[b] if qs else [None] * len(dr), row_logits, sampling, generator)
+                new, done = _truncate(dr[:n] + [nxt], rules.eos, options.max_new_tokens - gen_lens[b])
+                keep[b, : len(p) + n] = True
+                accepted.append(n)
+                emitted.append(new)
+                finished.append(done)
+                hist[n] += 1
+                drafted_total += len(dr)
+                accepted_total += n
+            cache.commit(keep)
+            v_s = time.perf_counter() - t1
+            verify_s += v_s
+
+            for b, new in enumerate(emitted):
+                seqs[b].extend(new)
+                out[alive[b]].extend(new)
+                pending[b] = [new[-1]]
+            if drafter is not None:
+                drafter.update(drafts, accepted, emitted)
+            policy.observe([len(dr) for dr in drafts], accepted, d_s, v_s, width)
+
+            if any(finished):
+                keep_rows = [b for b, f in enumerate(finished) if not f]
+                alive = [alive[b] for b in keep_rows]
+                seqs = [seqs[b] for b in keep_rows]
+                prompt_lens = [prompt_lens[b] for b in keep_rows]
+                pending = [pending[b] for b in keep_rows]
+                if alive:
+                    index = torch.tensor(keep_rows, dtype=torch.long)
+                    cache.select(index)
+                    if enc is not None:
+                        enc = enc.select(index)
+                    if drafter is not None:
+                        drafter.select(keep_rows)
+                    policy.select(keep_rows)
+            cache.maybe_compact()
+
+        total_s = time.perf_counter() - t_start
+        stats = DecodeStats(
+            rows=rows, new_tokens=sum(len(o) for o in out), rounds=n_rounds, main_calls=main_calls,
+            draft_calls=draft_calls, encoder_calls=encoder_calls, drafted=drafted_total, accepted=accepted_total,
+            accepted_hist=dict(sorted(hist.items())), encode_s=encode_s, draft_s=draft_s, verify_s=verify_s,
+            other_s=max(0.0, total_s - encode_s - draft_s - verify_s), total_s=total_s,
+        )
+        return DecodeResult(tuple(tuple(o) for o in out), stats)

@@ -1,0 +1,254 @@
+"""Decoder adapters and the ragged KV cache: one forward call for a batch whose rows sit at different
+positions.
+
+Rows of a batch accept different numbers of drafted tokens, so after a round their sequences have
+different lengths. We never move cached keys and values to realign them. Instead every row keeps all
+slots it ever wrote, and a validity mask says which slots hold real tokens; rejected drafts and padding
+become holes. A forward call then needs, per row, the true position of each new token (for the position
+embeddings) and a 4-D attention mask:
+
+    allowed[b, q, s] = valid[b, s]                         for a cached slot s < T
+                     = real[b, s - T] and s - T <= q       for a new slot (causal within the chunk)
+
+Holes cost attention work only; when more than half of the slots are holes the cache is compacted
+(real slots gathered to the front, per row).
+
+The adapters run the families' own transformers modules (embeddings, decoder layers, heads) with that
+mask and those positions: Whisper and causal LMs take ``position_ids`` natively; the BART family
+(BART, mBART, Marian, M2M100/NLLB, Pegasus) computes its position embeddings from the cache length, so
+its adapter embeds tokens and positions itself and then calls the family's decoder layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+NEG = torch.finfo(torch.float32).min
+
+
+@dataclass(frozen=True)
+class EncoderOutput:
+    hidden: torch.Tensor  # (B, S, D) encoder last hidden state
+    mask: torch.Tensor | None  # (B, S) 1 for real source tokens, or None when every position is real
+
+    def select(self, rows: torch.Tensor) -> EncoderOutput:
+        return EncoderOutput(self.hidden.index_select(0, rows), None if self.mask is None else self.mask.index_select(0, rows))
+
+
+class RaggedCache:
+    """A transformers cache plus, per row, which slots are real and the next true position."""
+
+    def __init__(self, cache, batch: int, device: torch.device) -> None:
+        self.cache = cache
+        self.valid = torch.zeros(batch, 0, dtype=torch.bool, device=device)  # (B, T)
+        self.next_pos = torch.zeros(batch, dtype=torch.long, device=device)  # (B,)
+
+    @property
+    def length(self) -> int:
+        return self.valid.shape[1]
+
+    def plan(self, chunks: list[list[int]], pad_id: int, max_pos: int | None):
+        """Token ids, positions, real-token flags and the 4-D mask for feeding ``chunks`` (one list a row)."""
+        batch, n = len(chunks), max(1, max(len(c) for c in chunks))
+        device = self.valid.device
+        ids = torch.full((batch, n), pad_id, dtype=torch.long, device=device)
+        real = torch.zeros(batch, n, dtype=torch.bool, device=device)
+        for b, chunk in enumerate(chunks):
+            if chunk:
+                ids[b, : len(chunk)] = torch.tensor(chunk, dtype=torch.long, device=device)
+                real[b, : len(chunk)] = True
+        positions = self.next_pos[:, None] + torch.arange(n, device=device)[None, :]
+        if max_pos is not None:
+            positions = positions.clamp(max=max_pos - 1)  # padding slots only; real tokens stay in range
+        causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        new = causal[None, :, :] & real[:, None, :]
+        new = new | torch.eye(n, dtype=torch.bool, device=device)[None]  # a padding query sees itself: no empty rows
+        old = self.valid[:, None, :].expand(batch, n, self.length)
+        allowed = torch.cat([old, new], dim=2)[:, None, :, :]
+        return ids, positions, real, allowed
+
+    def commit(self, keep: torch.Tensor) -> None:
+        """After a forward call over n new slots: ``keep`` (B, n) marks which of them hold accepted tokens."""
+        self.valid = torch.cat([self.valid, keep], dim=1)
+        self.next_pos = self.next_pos + keep.sum(dim=1)
+
+    def rollback(self, row: int, n: int) -> None:
+        """Turn the last ``n`` real slots of ``row`` into holes (rejected drafts) and step its position back."""
+        if n <= 0:
+            return
+        slots = torch.nonzero(self.valid[row]).flatten()[-n:]
+        self.valid[row, slots] = False
+        self.next_pos[row] -= n
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only ``rows`` (finished rows leave the batch and cost nothing more)."""
+        self.cache.reorder_cache(rows)
+        self.valid = self.valid.index_select(0, rows)
+        self.next_pos = self.next_pos.index_select(0, rows)
+
+    def maybe_compact(self, threshold: float = 0.5) -> None:
+        """Gather each row's real slots to the front when holes exceed ``threshold`` of the cache."""
+        if self.length == 0 or self.valid.float().mean().item() > 1 - threshold:
+            return
+        counts = self.valid.sum(dim=1)
+        width = int(counts.max().item())
+        # For each row, the source slot of every kept slot: real slots in order, then slot 0 as filler.
+        order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)[:, :width]
+        new_valid = torch.arange(width, device=self.valid.device)[None, :] < counts[:, None]
+        for layer in _self_attention_layers(self.cache):
+            index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            layer.keys = layer.keys.gather(2, index)
+            layer.values = layer.values.gather(2, index)
+        self.valid = new_valid
+
+
+def _self_attention_layers(cache):
+    inner = getattr(cache, "self_attention_cache", cache)
+    return inner.layers
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where attention is allowed, the dtype's lowest value elsewhere (softmax gives exactly 0 there)."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def _encoder_mask(enc: EncoderOutput, n: int, dtype: torch.dtype) -> torch.Tensor | None:
+    if enc.mask is None:
+        return None
+    allowed = enc.mask.bool()[:, None, None, :].expand(-1, 1, n, -1)
+    return additive_mask(allowed, dtype)
+
+
+class Decoder:
+    """One model seen as a decoder: ``encode`` (if it has an encoder), a fresh cache, and ``forward``
+    over a chunk of new tokens per row returning float32 logits (B, n, V)."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.config = model.config
+        self.dtype = next(model.parameters()).dtype
+        self.device = next(model.parameters()).device
+        self.max_positions: int | None = None
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return bool(self.config.is_encoder_decoder)
+
+    def encode(self, **inputs) -> EncoderOutput:
+        raise TypeError(f"{self.model.__class__.__name__} has no encoder")
+
+    def new_cache(self, batch: int) -> RaggedCache:
+        from transformers import DynamicCache, EncoderDecoderCache
+
+        cache = EncoderDecoderCache(DynamicCache(), DynamicCache()) if self.reads_encoder else DynamicCache()
+        return RaggedCache(cache, batch, self.device)
+
+    @property
+    def reads_encoder(self) -> bool:
+        return self.is_encoder_decoder
+
+    def forward(self, chunks: list[list[int]], cache: RaggedCache, enc: EncoderOutput | None, pad_id: int):
+        ids, positions, real, allowed = cache.plan(chunks, pad_id, self.max_positions)
+        logits = self._forward(ids, positions, additive_mask(allowed, self.dtype), cache.cache, enc)
+        return logits.float(), real
+
+    def _forward(self, ids, positions, mask, cache, enc):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class WhisperDecoder(Decoder):
+    """WhisperForConditionalGeneration (main or assistant) or WhisperForCausalLM (decoder-only assistant
+    that reads a Whisper encoder's output)."""
+
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        self.max_positions = self.config.max_target_positions
+        self.decoder = model.model.decoder if hasattr(model.model, "decoder") else model.model
+
+    @property
+    def reads_encoder(self) -> bool:
+        return True
+
+    def encode(self, input_features: torch.Tensor, **_) -> EncoderOutput:
+        hidden = self.model.model.encoder(input_features.to(self.dtype)).last_hidden_state
+        return EncoderOutput(hidden, None)
+
+    def _forward(self, ids, positions, mask, cache, enc):
+        out = self.decoder(input_ids=ids, attention_mask=mask, encoder_hidden_states=enc.hidden, cache=cache,
+                           position_ids=positions, use_cache=True)
+        return self.model.proj_out(out.last_hidden_state)
+
+
+class BartFamilyDecoder(Decoder):
+    """BART, mBART, Marian, M2M100/NLLB and Pegasus: the same decoder-layer template with different
+    embeddings. Token and position embeddings are computed here (per-row positions), then the family's
+    own layers, final layer norm and head run."""
+
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        self.decoder = model.get_decoder()
+        self.kind = self.config.model_type
+        self.embed_scale = getattr(self.decoder, "embed_scale", None)
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **_) -> EncoderOutput:
+        hidden = self.model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return EncoderOutput(hidden, attention_mask)
+
+    def _positions(self, positions: torch.Tensor) -> torch.Tensor:
+        emb = self.decoder.embed_positions
+        if self.kind == "m2m_100":  # sinusoidal table offset by padding_idx + 1
+            return emb.weights.index_select(0, (positions + emb.padding_idx + 1).view(-1)).view(*positions.shape, -1)
+        offset = getattr(emb, "offset", 0)  # BART/mBART learned positions start at 2
+        return torch.nn.functional.embedding(positions + offset, emb.weight)
+
+    def _forward(self, ids, positions, mask, cache, enc):
+        dec = self.decoder
+        hidden = dec.embed_tokens(ids)
+        if self.kind in ("marian", "pegasus"):  # these scale outside the embedding module
+            hidden = hidden * self.embed_scale
+        hidden = hidden + self._positions(positions).to(hidden.dtype)
+        if getattr(dec, "layernorm_embedding", None) is not None:
+            hidden = dec.layernorm_embedding(hidden)
+        enc_mask = _encoder_mask(enc, ids.shape[1], self.dtype)
+        for layer in dec.layers:
+            hidden = layer(hidden, mask, enc.hidden, encoder_attention_mask=enc_mask, cache=cache, use_cache=True)
+            if isinstance(hidden, tuple):
+                hidden = hidden[0]
+        if getattr(dec, "layer_norm", None) is not None:
+            hidden = dec.layer_norm(hidden)
+        logits = self.model.lm_head(hidden)
+        bias = getattr(self.model, "final_logits_bias", None)
+        return logits + bias.to(logits.dtype) if bias is not None else logits
+
+
+class CausalDecoder(Decoder):
+    """Decoder-only language models (Llama, Qwen, GPT-2, ...): position ids and 4-D masks are native."""
+
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        self.max_positions = getattr(self.config, "max_position_embeddings", None)
+
+    @property
+    def reads_encoder(self) -> bool:
+        return False
+
+    def _forward(self, ids, positions, mask, cache, enc):
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+        return out.logits
+
+
+BART_FAMILY = ("bart", "mbart", "marian", "m2m_100", "pegasus", "nllb")
+
+
+def as_decoder(model) -> Decoder:
+    """The adapter for ``model``'s family; unknown families are refused with the list of known ones."""
+    kind = model.config.model_type
+    if kind == "whisper":
+        return WhisperDecoder(model)
+    if kind in BART_FAMILY:
+        return BartFamilyDecoder(model)
+    if not model.config.is_encoder_decoder:
+        return CausalDecoder(model)
+    raise TypeError(f"no engine adapter for {kind!r} encoder-decoder models (known: whisper, {', '.join(BART_FAMILY)})")

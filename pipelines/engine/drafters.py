@@ -1,0 +1,182 @@
+"""Drafters: what proposes the next few tokens of each row.
+
+- ``ModelDrafter``: an assistant model run autoregressively with its own ragged KV cache. It may read the
+  main model's encoder output (a decoder-only assistant such as ``WhisperForCausalLM``, or an
+  encoder-decoder assistant of the same ``d_model``), run its own encoder, or have none (a causal LM).
+- ``PromptLookup``: n-gram matching against the row's source and output so far; no model.
+- Both at once: rows where prompt lookup finds a continuation take it; the model drafts for the rest.
+
+A drafter returns, per row, the drafted tokens and (when sampling) the distribution q each was drawn
+from, so the verifier can apply the speculative-sampling rule.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .decoders import Decoder, EncoderOutput
+from .rules import PAD_GEN_LEN, Rules, Sampling, apply_rules, to_probs
+
+
+@dataclass
+class Drafts:
+    tokens: list[list[int]]  # per row
+    probs: list[list[torch.Tensor]] | None  # per row, per token: the draft distribution q (sampling only)
+    steps: int  # draft forward passes run
+    seconds: float
+
+
+class Drafter:
+    def start(self, prompts: list[list[int]], enc: EncoderOutput | None, encoder_inputs: dict | None) -> int:
+        """Prepare for a batch; returns the number of encoder passes it ran itself."""
+        return 0
+
+    def draft(self, ks: list[int], seqs: list[list[int]], gen_lens: list[int], sampling: Sampling | None,
+              generator: torch.Generator | None, stop_below: float | None) -> Drafts:
+        raise NotImplementedError
+
+    def update(self, drafted: list[list[int]], accepted: list[int], emitted: list[list[int]]) -> None:
+        pass
+
+    def select(self, keep: list[int]) -> None:
+        pass
+
+
+class PromptLookup(Drafter):
+    """Propose the tokens that followed the latest earlier occurrence of the row's last n tokens, searching
+    the row's source tokens and its output so far (longest n first, down to 1)."""
+
+    def __init__(self, ngram: int = 3) -> None:
+        self.ngram = ngram
+        self.sources: list[list[int]] = []
+
+    def start(self, prompts, enc, encoder_inputs) -> int:
+        ids = (encoder_inputs or {}).get("input_ids")
+        self.sources = [list(map(int, row)) for row in ids.tolist()] if ids is not None else [[] for _ in prompts]
+        mask = (encoder_inputs or {}).get("attention_mask")
+        if mask is not None:
+            self.sources = [[t for t, m in zip(src, row) if m] for src, row in zip(self.sources, mask.tolist())]
+        return 0
+
+    def lookup(self, row: int, seq: list[int], k: int) -> list[int]:
+        if k <= 0:
+            return []
+        hay = self.sources[row] + seq
+        for n in range(min(self.ngram, len(seq)), 0, -1):
+            tail = seq[-n:]
+            # search right to left, excluding the tail itself
+            for start in range(len(hay) - n - 1, -1, -1):
+                if hay[start : start + n] == tail:
+                    follow = hay[start + n : start + n + k]
+                    if follow:
+                        return follow
+        return []
+
+    def draft(self, ks, seqs, gen_lens, sampling, generator, stop_below) -> Drafts:
+        start = time.perf_counter()
+        tokens = [self.lookup(b, seq, k) for b, (seq, k) in enumerate(zip(seqs, ks))]
+        return Drafts(tokens, None, 0, time.perf_counter() - start)
+
+    def select(self, keep: list[int]) -> None:
+        self.sources = [self.sources[i] for i in keep]
+
+
+class ModelDrafter(Drafter):
+    def __init__(self, decoder: Decoder, rules: Rules, max_new_tokens: int, share_encoder: bool, pad_id: int,
+                 lookup: PromptLookup | None = None) -> None:
+        self.decoder, self.rules, self.max_new = decoder, rules, max_new_tokens
+        self.share_encoder, self.pad_id, self.lookup = share_encoder, pad_id, lookup
+        self.cache = None
+        self.enc: EncoderOutput | None = None
+        self.pending: list[list[int]] = []
+        self._fed: list[int] = []
+
+    def start(self, prompts, enc, encoder_inputs) -> int:
+        calls = 0
+        if self.lookup is not None:
+            self.lookup.start(prompts, enc, encoder_inputs)
+        if self.decoder.reads_encoder:
+            if self.share_encoder:
+                self.enc = EncoderOutput(enc.hidden.to(self.decoder.dtype), enc.mask)
+            else:
+                self.enc = self.decoder.encode(**encoder_inputs)
+                calls = 1
+        self.cache = self.decoder.new_cache(len(prompts))
+        self.pending = [list(p) for p in prompts]
+        return calls
+
+    def _choose(self, probs_or_logits: torch.Tensor, sampling: Sampling | None, generator) -> tuple[int, torch.Tensor | None, float]:
+        if sampling is None:
+            p = torch.softmax(probs_or_logits, dim=-1)
+            tok = int(torch.argmax(probs_or_logits))
+            return tok, None, float(p[tok])
+        q = to_probs(probs_or_logits, sampling)
+        tok = int(torch.multinomial(q, 1, generator=generator))
+        return tok, q, float(q[tok])
+
+    def draft(self, ks, seqs, gen_lens, sampling, generator, stop_below) -> Drafts:
+        start = time.perf_counter()
+        rows = len(ks)
+        tokens: list[list[int]] = [[] for _ in range(rows)]
+        probs: list[list[torch.Tensor | None]] = [[] for _ in range(rows)]
+        active = [k > 0 for k in ks]
+        if self.lookup is not None:
+            for b in range(rows):
+                hit = self.lookup.lookup(b, seqs[b], ks[b])
+                if hit:
+                    tokens[b], probs[b], active[b] = hit, [None] * len(hit), False
+        model_rows = list(active)
+        # First pass feeds each drafting row everything the assistant has not seen; later passes one token.
+        feed = [self.pending[b] if active[b] else [] for b in range(rows)]
+        steps = 0
+        while any(active):
+            logits, real = self.decoder.forward(feed, self.cache, self.enc, self.pad_id)
+            self.cache.commit(real)
+            steps += 1
+            last = real.sum(dim=1).clamp(min=1) - 1
+            nxt = logits[torch.arange(rows), last][:, None, :]  # (B, 1, V): the next-token logits per row
+            lens = torch.tensor([[gen_lens[b] + len(tokens[b]) if active[b] else PAD_GEN_LEN] for b in range(rows)])
+            prefixes = [[seqs[b] + tokens[b]] for b in range(rows)] if self.rules.needs_prefix else None
+            apply_rules(self.rules, nxt, lens, self.max_new, prefixes)
+            for b in range(rows):
+                if not active[b]:
+                    feed[b] = []
+                    continue
+                tok, q, p_tok = self._choose(nxt[b, 0], sampling, generator)
+                tokens[b].append(tok)
+                probs[b].append(q)
+                stop = len(tokens[b]) >= ks[b] or tok in self.rules.eos or gen_lens[b] + len(tokens[b]) >= self.max_new
+                if stop_below is not None and p_tok < stop_below:
+                    stop = True
+                active[b] = not stop
+                feed[b] = [tok] if active[b] else []
+        for b in range(rows):
+            if model_rows[b]:
+                self.pending[b] = []
+        # The assistant has fed every model draft of a row but the last (drafting stops after choosing it).
+        self._fed = [len(tokens[b]) - 1 if model_rows[b] else 0 for b in range(rows)]
+        return Drafts(tokens, probs if sampling is not None else None, steps, time.perf_counter() - start)
+
+    def update(self, drafted, accepted, emitted) -> None:
+        """Rejected drafts become holes in the assistant's cache; tokens emitted but not yet fed to it
+        become the next round's first input."""
+        for b, (a, e) in enumerate(zip(accepted, emitted)):
+            fed = self._fed[b] if self._fed else 0  # no draft this round: nothing was fed
+            kept = min(a, fed)
+            self.cache.rollback(b, fed - kept)
+            self.pending[b] = self.pending[b] + e[kept:]
+        self._fed = []
+        self.cache.maybe_compact()
+
+    def select(self, keep: list[int]) -> None:
+        rows = torch.tensor(keep, dtype=torch.long, device=self.cache.valid.device)
+        self.cache.select(rows)
+        if self.enc is not None:
+            self.enc = self.enc.select(rows)
+        self.pending = [self.pending[i] for i in keep]
+        self._fed = [self._fed[i] for i in keep] if self._fed else []
+        if self.lookup is not None:
+            self.lookup.select(keep)
