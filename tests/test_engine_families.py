@@ -1,0 +1,133 @@
+"""Exactness on small random models of every family: assisted output == the model's own greedy generate,
+for batch 1 and ragged batches, every drafter kind and policy, short and long outputs, immediate stops."""
+
+import pytest
+import torch
+
+from pipelines.engine import (
+    AssistedDecoder, DecodeOptions, ModelDrafter, PolicyOptions, PromptLookup, as_decoder,
+    rules_from_generation_config,
+)
+from toy_models import CAUSAL, ENC_DEC, make_causal, make_enc_dec, sources
+
+POLICIES = [PolicyOptions("constant", 1), PolicyOptions("constant", 4), PolicyOptions("constant", 8),
+            PolicyOptions("heuristic", 2), PolicyOptions("confidence", 3, 8, 0.3), PolicyOptions("adaptive", 3)]
+
+
+def _reference_enc_dec(model, ids, mask, max_new, **gen):
+    outs = []
+    for b in range(ids.shape[0]):
+        n = int(mask[b].sum())
+        out = model.generate(input_ids=ids[b : b + 1, :n], attention_mask=mask[b : b + 1, :n], do_sample=False,
+                             num_beams=1, max_new_tokens=max_new, **gen)[0].tolist()
+        outs.append(out[1:])  # drop decoder_start
+    return outs
+
+
+def _trim_pad(tokens, eos, pad):
+    """generate() pads nothing at batch 1, but strips nothing either: keep up to and including EOS."""
+    out = []
+    for t in tokens:
+        out.append(t)
+        if t == eos:
+            break
+    return out
+
+
+@pytest.mark.parametrize("kind", ENC_DEC)
+@pytest.mark.parametrize("draft", ["shared-encoder", "own-encoder", "self", "prompt-lookup", "model+lookup"])
+def test_enc_dec_families(kind, draft):
+    main = make_enc_dec(kind, layers=2, seed=0)
+    ids, mask = sources(6)
+    max_new = 20
+    refs = _reference_enc_dec(main, ids, mask, max_new)
+    start = main.config.decoder_start_token_id
+    rules = rules_from_generation_config(main.generation_config, 1, max_new)
+    pad = main.config.pad_token_id
+    if draft == "self":
+        drafter = ModelDrafter(as_decoder(main), rules, max_new, share_encoder=True, pad_id=pad)
+    elif draft == "prompt-lookup":
+        drafter = PromptLookup(ngram=2)
+    else:
+        small = make_enc_dec(kind, layers=1, seed=7)
+        lookup = PromptLookup(ngram=2) if draft == "model+lookup" else None
+        drafter = ModelDrafter(as_decoder(small), rules, max_new, share_encoder=draft != "own-encoder", pad_id=pad,
+                               lookup=lookup)
+    engine = AssistedDecoder(as_decoder(main), drafter, pad_id=pad)
+    for policy in POLICIES if draft in ("shared-encoder", "self") else POLICIES[1:2]:
+        for batch in (1, 6):
+            got = []
+            for s in range(0, 6, batch):
+                r = engine.generate([[start]] * batch, rules, DecodeOptions(max_new_tokens=max_new, policy=policy),
+                                    encoder_inputs={"input_ids": ids[s : s + batch], "attention_mask": mask[s : s + batch]})
+                got += [list(t) for t in r.tokens]
+                if draft == "self":
+                    assert r.stats.accepted == r.stats.drafted
+                expected_encoders = 2 if draft == "own-encoder" else 1
+                assert r.stats.encoder_calls == expected_encoders
+            assert got == [_trim_pad(r, main.config.eos_token_id, pad) for r in refs], (policy, batch)
+
+
+@pytest.mark.parametrize("kind", CAUSAL)
+@pytest.mark.parametrize("draft", ["model", "self", "prompt-lookup"])
+def test_causal_families(kind, draft):
+    main = make_causal(kind, layers=2, seed=0)
+    ids, mask = sources(5, seed=3)
+    prompts = [ids[b, : int(mask[b].sum())].tolist() for b in range(5)]  # ragged prompt lengths
+    max_new = 24
+    refs = [main.generate(input_ids=torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                          do_sample=False, num_beams=1, max_new_tokens=max_new)[0].tolist()[len(p):] for p in prompts]
+    rules = rules_from_generation_config(main.generation_config, len(prompts[0]), max_new)
+    pad = main.config.pad_token_id
+    if draft == "prompt-lookup":
+        drafter = PromptLookup(ngram=3)
+    else:
+        helper = main if draft == "self" else make_causal(kind, layers=1, seed=5)
+        drafter = ModelDrafter(as_decoder(helper), rules, max_new, share_encoder=False, pad_id=pad)
+    engine = AssistedDecoder(as_decoder(main), drafter, pad_id=pad)
+    for policy in (PolicyOptions("constant", 3), PolicyOptions("adaptive", 4), PolicyOptions("heuristic", 1)):
+        for batch in (1, 5):
+            got = []
+            for s in range(0, 5, batch):
+                r = engine.generate(prompts[s : s + batch], rules, DecodeOptions(max_new_tokens=max_new, policy=policy))
+                got += [list(t) for t in r.tokens]
+                assert r.stats.encoder_calls == 0
+            assert got == [_trim_pad(r, main.config.eos_token_id, pad) for r in refs], (policy, batch)
+
+
+def test_rows_that_stop_at_once_and_generation_rules():
+    """A main model that strongly prefers EOS stops at once; min_new_tokens and no_repeat_ngram_size follow
+    generate()'s rules exactly."""
+    main = make_enc_dec("bart", layers=2, seed=3)
+    ids, mask = sources(4, seed=5)
+    start, eos, pad = main.config.decoder_start_token_id, main.config.eos_token_id, main.config.pad_token_id
+    small = make_enc_dec("bart", layers=1, seed=9)
+    with torch.no_grad():
+        main.final_logits_bias[0, eos] = 30.0
+    # 1) stop at once
+    rules = rules_from_generation_config(main.generation_config, 1, 16)
+    engine = AssistedDecoder(as_decoder(main), ModelDrafter(as_decoder(small), rules, 16, True, pad), pad_id=pad)
+    r = engine.generate([[start]] * 4, rules, DecodeOptions(max_new_tokens=16), {"input_ids": ids, "attention_mask": mask})
+    assert [list(t) for t in r.tokens] == [[eos]] * 4 and r.stats.main_calls == 1
+    # 2) min_new_tokens + no_repeat_ngram_size
+    main.generation_config.min_new_tokens = 6
+    main.generation_config.no_repeat_ngram_size = 2
+    with torch.no_grad():
+        main.final_logits_bias[0, eos] = 2.0
+    refs = _reference_enc_dec(main, ids, mask, 16)
+    rules = rules_from_generation_config(main.generation_config, 1, 16)
+    assert rules.min_new_tokens == 6 and rules.processors
+    for policy in (PolicyOptions("constant", 4), PolicyOptions("adaptive", 2)):
+        engine = AssistedDecoder(as_decoder(main), ModelDrafter(as_decoder(small), rules, 16, True, pad), pad_id=pad)
+        r = engine.generate([[start]] * 4, rules, DecodeOptions(max_new_tokens=16, policy=policy),
+                            {"input_ids": ids, "attention_mask": mask})
+        assert [list(t) for t in r.tokens] == [_trim_pad(x, eos, pad) for x in refs]
+    assert any(len(x) < 16 for x in refs) and all(len(x) >= 7 for x in refs)  # stopped early, but not before 6
+
+
+def test_unknown_family_is_refused():
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    model = T5ForConditionalGeneration(T5Config(vocab_size=32, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2))
+    with pytest.raises(TypeError, match="no engine adapter for 't5'"):
+        as_decoder(model)

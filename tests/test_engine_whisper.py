@@ -1,0 +1,98 @@
+"""Exactness on real weights: the engine's output equals Whisper base's own greedy ``generate``, token for
+token, over the real speech set, for every drafter, policy and batch size."""
+
+import pytest
+import torch
+
+from pipelines.embedded import embedded_path
+from pipelines.engine import (
+    AssistedDecoder, DecodeOptions, ModelDrafter, PolicyOptions, as_decoder, rules_from_generation_config,
+)
+
+PROMPT = [50258, 50259, 50359, 50363]  # <|startoftranscript|><|en|><|transcribe|><|notimestamps|>
+EOT = 50257
+MAX_NEW = 440
+
+
+@pytest.fixture(scope="module")
+def setup(speech_real):
+    from transformers import WhisperFeatureExtractor, WhisperForCausalLM, WhisperForConditionalGeneration
+
+    from pipelines.audio import load_audio
+
+    base = embedded_path("whisper-base")
+    main = WhisperForConditionalGeneration.from_pretrained(base, dtype=torch.float32).eval()
+    fe = WhisperFeatureExtractor.from_pretrained(base)
+    x = torch.cat([fe(load_audio(i["audio_path"]), sampling_rate=16000, return_tensors="pt").input_features
+                   for i in speech_real])
+    with torch.inference_mode():
+        refs = [main.generate(x[i : i + 1], language="en", task="transcribe", do_sample=False, num_beams=1,
+                              max_new_tokens=MAX_NEW)[0].tolist() for i in range(len(x))]
+    decoder = as_decoder(main)
+    enc = decoder.encode(input_features=x)  # once: every configuration below reuses it
+    own = WhisperForCausalLM.from_pretrained(embedded_path("whisper-base-decoder"), dtype=torch.float32).eval()
+    short = WhisperForCausalLM.from_pretrained(embedded_path("whisper-base-decoder-2l"), dtype=torch.float32).eval()
+    rules = rules_from_generation_config(main.generation_config, len(PROMPT), MAX_NEW)
+    drafters = {
+        "none": None,
+        "own-decoder": ModelDrafter(as_decoder(own), rules, MAX_NEW, share_encoder=True, pad_id=EOT),
+        "truncated-2l": ModelDrafter(as_decoder(short), rules, MAX_NEW, share_encoder=True, pad_id=EOT),
+    }
+    return decoder, enc, refs, rules, drafters
+
+
+def _run(setup, drafter, policy, batch):
+    decoder, enc, refs, rules, drafters = setup
+    engine = AssistedDecoder(decoder, drafters[drafter], pad_id=EOT)
+    outs, stats = [], []
+    for s in range(0, len(refs), batch):
+        rows = list(range(s, min(s + batch, len(refs))))
+        result = engine.generate([PROMPT] * len(rows), rules, DecodeOptions(max_new_tokens=MAX_NEW, policy=policy),
+                                 encoder_output=enc.select(torch.tensor(rows)))
+        outs += [list(t) for t in result.tokens]
+        stats.append(result.stats)
+    return outs, stats
+
+
+def _strip_eot(tokens):
+    return tokens[:-1] if tokens and tokens[-1] == EOT else tokens
+
+
+@pytest.mark.parametrize(
+    "drafter, policy, batch",
+    [
+        ("none", PolicyOptions("constant", 1), 1),
+        ("none", PolicyOptions("constant", 1), 5),
+        ("own-decoder", PolicyOptions("constant", 5), 1),
+        ("own-decoder", PolicyOptions("constant", 8), 4),
+        ("own-decoder", PolicyOptions("heuristic", 2), 12),
+        ("truncated-2l", PolicyOptions("constant", 1), 1),
+        ("truncated-2l", PolicyOptions("confidence", 4, 6, 0.4), 3),
+        ("truncated-2l", PolicyOptions("adaptive", 3), 4),
+    ],
+)
+def test_identical_to_whisper_generate(setup, drafter, policy, batch):
+    refs = setup[2]
+    outs, stats = _run(setup, drafter, policy, batch)
+    assert [_strip_eot(o) for o in outs] == refs
+    assert all(o[-1] == EOT for o in outs)  # every clip ended by itself, not by the length cap
+    total = sum(s.new_tokens for s in stats)
+    assert total == sum(len(o) for o in outs)
+    if drafter == "own-decoder":
+        # the assistant is the main decoder itself: every draft is accepted
+        assert sum(s.accepted for s in stats) == sum(s.drafted for s in stats) > 0
+    if drafter == "none":
+        assert sum(s.drafted for s in stats) == 0
+
+
+def test_encoder_runs_once_and_is_shared(setup):
+    decoder, enc, refs, rules, drafters = setup
+    from pipelines.audio import load_audio  # noqa: F401  (the features come from the fixture)
+
+    engine = AssistedDecoder(decoder, drafters["own-decoder"], pad_id=EOT)
+    x = torch.zeros(2, 80, 3000)
+    result = engine.generate([PROMPT] * 2, rules, DecodeOptions(max_new_tokens=8), encoder_inputs={"input_features": x})
+    assert result.stats.encoder_calls == 1
+    assert result.stats.main_calls < result.stats.new_tokens  # drafts were accepted
+    hist = result.stats.accepted_hist
+    assert sum(hist.values()) >= result.stats.rounds and all(k >= 0 for k in hist)
