@@ -112,7 +112,8 @@ def _load_refs(manifest: str | None) -> dict[str, str]:
 
 
 def run_transcribe(paths: list[str], pair_name: str | None, language: str | None, task: str, dtype: str | None,
-                   refs_manifest: str | None, models: str | None) -> int:
+                   refs_manifest: str | None, models: str | None, use_assistant: bool = True,
+                   compare: bool = False) -> int:
     from .asr import TranscribeOptions, transcribe
     from .metrics import wer
     from .registry import load_registry
@@ -122,9 +123,13 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
     if pair.task != "asr":
         print(f"pair {pair.name!r} is a {pair.task} pair, not an asr pair", file=sys.stderr)
         return 2
-    options = TranscribeOptions(language=None if language == "auto" else language, task=task, dtype=dtype)
+    options = TranscribeOptions(language=None if language == "auto" else language, task=task, dtype=dtype,
+                                use_assistant=use_assistant, compare=compare)
     refs = _load_refs(refs_manifest)
-    mode = "plain decoding" if not pair.uses_assistant else f"assistant {pair.assistant}"
+    if not pair.uses_assistant or not use_assistant:
+        mode = "plain decoding" + ("" if use_assistant else " (--no-assistant)")
+    else:
+        mode = f"drafts from {pair.assistant or 'prompt lookup'}"
     print(f"pair {pair.name}: {pair.main}, {mode}, {options.dtype or pair.dtype}")
     start = time.perf_counter()
     results = []
@@ -143,6 +148,19 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
     print(f"  wall time:       {wall:.1f} s (decoding {sum(r.seconds for r in good):.1f} s)")
     if audio:
         print(f"  real-time factor: {wall / audio:.3f} (wall / audio; below 1 is faster than real time)")
+    stats = [r.stats for r in good if r.stats is not None]
+    if stats and any(s.drafted for s in stats):
+        drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
+        calls, tokens = sum(s.main_calls for s in stats), sum(s.new_tokens for s in stats)
+        print(f"  acceptance:      {accepted / drafted:.2f} ({accepted}/{drafted} drafts), "
+              f"{tokens / calls:.2f} tokens per main-model call")
+    compared = [r for r in good if r.plain_seconds is not None]
+    if compared:
+        assisted_s = sum(r.seconds for r in compared)
+        plain_s = sum(r.plain_seconds for r in compared)
+        same = sum(bool(r.identical) for r in compared)
+        print(f"  vs plain:        {plain_s / assisted_s:.2f}x ({plain_s:.1f} s plain, {assisted_s:.1f} s assisted), "
+              f"identical outputs {same}/{len(compared)}")
     scored = [(r.text, refs[Path(r.path).stem]) for r in good if Path(r.path).stem in refs]
     if scored:
         score = wer([h for h, _ in scored], [r for _, r in scored], language=options.language or "en")
@@ -151,7 +169,15 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
 
 
 def cmd_transcribe(args: argparse.Namespace) -> int:
-    return run_transcribe(args.paths, args.pair, args.language, args.task, args.dtype, args.refs, args.models)
+    return run_transcribe(args.paths, args.pair, args.language, args.task, args.dtype, args.refs, args.models,
+                          use_assistant=not args.no_assistant, compare=args.compare)
+
+
+def cmd_bench_engine(args: argparse.Namespace) -> int:
+    from .bench import bench_engine
+
+    bench_engine(limit=args.limit, json_path=args.json, include_toys=not args.no_toys, end_to_end=args.end_to_end)
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -198,7 +224,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", choices=["transcribe", "translate"], default="transcribe")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="compute dtype (default: the pair's)")
     p.add_argument("--refs", metavar="MANIFEST", help="a manifest.jsonl with reference texts: prints WER")
+    p.add_argument("--no-assistant", action="store_true", help="plain decoding with the pair's main model")
+    p.add_argument("--compare", action="store_true", help="also decode plainly: speedup and identical-output rate")
     p.set_defaults(func=cmd_transcribe)
+
+    p = sub.add_parser("bench", help="side-by-side speed benchmarks (tables + JSON)")
+    bench_sub = p.add_subparsers(dest="bench_command", required=True)
+    b = bench_sub.add_parser("engine", help="transformers plain/assisted vs Tandem plain/assisted/batched, same inputs")
+    b.add_argument("--limit", type=int, default=24, help="speech inputs (speech-real, then speech-synth) (default: 24)")
+    b.add_argument("--json", default="reports/bench-engine.json", help="where to write the figures (default: %(default)s)")
+    b.add_argument("--no-toys", action="store_true", help="skip the random-weight BART and Llama pairs")
+    b.add_argument("--end-to-end", action="store_true", help="time the encoder too (default: decode only, encoder output shared)")
+    b.set_defaults(func=cmd_bench_engine)
 
     p = sub.add_parser("demo", help="the main job on sample audio: build speech-real and transcribe it with WER")
     p.set_defaults(func=cmd_demo)

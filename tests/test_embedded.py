@@ -95,7 +95,7 @@ def test_converted_base_transcribes_real_speech(base_runner, speech_real):
     from pipelines.metrics import normalize, wer
 
     options = TranscribeOptions(language="en")
-    hyps = {item["id"]: base_runner.decode(load_audio(item["audio_path"]), options) for item in speech_real}
+    hyps = {item["id"]: base_runner.decode(load_audio(item["audio_path"]), options)[0] for item in speech_real}
     refs = {item["id"]: item["reference"] for item in speech_real}
     for clip in ("forever", "goforward", "cards-001", "librivox-sense_and_sensibility_01_austen_64kb-0870"):
         assert normalize(hyps[clip]) == normalize(refs[clip]), (clip, hyps[clip])

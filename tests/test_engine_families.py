@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pipelines.engine import (
-    AssistedDecoder, DecodeOptions, ModelDrafter, PolicyOptions, PromptLookup, as_decoder,
+    AssistedDecoder, DecodeOptions, PolicyOptions, as_decoder, model_drafter, prompt_lookup,
     rules_from_generation_config,
 )
 from toy_models import CAUSAL, ENC_DEC, make_causal, make_enc_dec, sources
@@ -45,14 +45,13 @@ def test_enc_dec_families(kind, draft):
     rules = rules_from_generation_config(main.generation_config, 1, max_new)
     pad = main.config.pad_token_id
     if draft == "self":
-        drafter = ModelDrafter(as_decoder(main), rules, max_new, share_encoder=True, pad_id=pad)
+        drafter = model_drafter(as_decoder(main), share_encoder=True, pad_id=pad)
     elif draft == "prompt-lookup":
-        drafter = PromptLookup(ngram=2)
+        drafter = prompt_lookup(ngram=2)
     else:
         small = make_enc_dec(kind, layers=1, seed=7)
-        lookup = PromptLookup(ngram=2) if draft == "model+lookup" else None
-        drafter = ModelDrafter(as_decoder(small), rules, max_new, share_encoder=draft != "own-encoder", pad_id=pad,
-                               lookup=lookup)
+        drafter = model_drafter(as_decoder(small), share_encoder=draft != "own-encoder", pad_id=pad,
+                                lookup_ngram=2 if draft == "model+lookup" else None)
     engine = AssistedDecoder(as_decoder(main), drafter, pad_id=pad)
     for policy in POLICIES if draft in ("shared-encoder", "self") else POLICIES[1:2]:
         for batch in (1, 6):
@@ -80,10 +79,10 @@ def test_causal_families(kind, draft):
     rules = rules_from_generation_config(main.generation_config, len(prompts[0]), max_new)
     pad = main.config.pad_token_id
     if draft == "prompt-lookup":
-        drafter = PromptLookup(ngram=3)
+        drafter = prompt_lookup(ngram=3)
     else:
         helper = main if draft == "self" else make_causal(kind, layers=1, seed=5)
-        drafter = ModelDrafter(as_decoder(helper), rules, max_new, share_encoder=False, pad_id=pad)
+        drafter = model_drafter(as_decoder(helper), share_encoder=False, pad_id=pad)
     engine = AssistedDecoder(as_decoder(main), drafter, pad_id=pad)
     for policy in (PolicyOptions("constant", 3), PolicyOptions("adaptive", 4), PolicyOptions("heuristic", 1)):
         for batch in (1, 5):
@@ -106,7 +105,7 @@ def test_rows_that_stop_at_once_and_generation_rules():
         main.final_logits_bias[0, eos] = 30.0
     # 1) stop at once
     rules = rules_from_generation_config(main.generation_config, 1, 16)
-    engine = AssistedDecoder(as_decoder(main), ModelDrafter(as_decoder(small), rules, 16, True, pad), pad_id=pad)
+    engine = AssistedDecoder(as_decoder(main), model_drafter(as_decoder(small), True, pad), pad_id=pad)
     r = engine.generate([[start]] * 4, rules, DecodeOptions(max_new_tokens=16), {"input_ids": ids, "attention_mask": mask})
     assert [list(t) for t in r.tokens] == [[eos]] * 4 and r.stats.main_calls == 1
     # 2) min_new_tokens + no_repeat_ngram_size
@@ -118,7 +117,7 @@ def test_rows_that_stop_at_once_and_generation_rules():
     rules = rules_from_generation_config(main.generation_config, 1, 16)
     assert rules.min_new_tokens == 6 and rules.processors
     for policy in (PolicyOptions("constant", 4), PolicyOptions("adaptive", 2)):
-        engine = AssistedDecoder(as_decoder(main), ModelDrafter(as_decoder(small), rules, 16, True, pad), pad_id=pad)
+        engine = AssistedDecoder(as_decoder(main), model_drafter(as_decoder(small), True, pad), pad_id=pad)
         r = engine.generate([[start]] * 4, rules, DecodeOptions(max_new_tokens=16, policy=policy),
                             {"input_ids": ids, "attention_mask": mask})
         assert [list(t) for t in r.tokens] == [_trim_pad(x, eos, pad) for x in refs]

@@ -5,7 +5,7 @@ and the same test failing when the acceptance rule is deliberately broken."""
 import pytest
 import torch
 
-from pipelines.engine import AssistedDecoder, DecodeOptions, ModelDrafter, PolicyOptions, Sampling, as_decoder
+from pipelines.engine import AssistedDecoder, DecodeOptions, PolicyOptions, Sampling, as_decoder, model_drafter
 from pipelines.engine import core
 from pipelines.engine.rules import Rules, to_probs
 from toy_models import make_causal
@@ -44,7 +44,7 @@ def _chi_square_p(counts: dict, expected: dict, n: int) -> float:
 
 def _sample(main, drafter_model, seed=1234):
     rules = Rules(eos=())
-    drafter = ModelDrafter(as_decoder(drafter_model), rules, 2, share_encoder=False, pad_id=1)
+    drafter = model_drafter(as_decoder(drafter_model), share_encoder=False, pad_id=1)
     engine = AssistedDecoder(as_decoder(main), drafter, pad_id=1)
     result = engine.generate([PROMPT] * N, rules, DecodeOptions(max_new_tokens=2, do_sample=True, sampling=SAMPLING,
                                                                 seed=seed, policy=PolicyOptions("constant", 2)))

@@ -6,7 +6,7 @@ import torch
 
 from pipelines.embedded import embedded_path
 from pipelines.engine import (
-    AssistedDecoder, DecodeOptions, ModelDrafter, PolicyOptions, as_decoder, rules_from_generation_config,
+    AssistedDecoder, DecodeOptions, PolicyOptions, as_decoder, model_drafter, rules_from_generation_config,
 )
 
 PROMPT = [50258, 50259, 50359, 50363]  # <|startoftranscript|><|en|><|transcribe|><|notimestamps|>
@@ -35,8 +35,8 @@ def setup(speech_real):
     rules = rules_from_generation_config(main.generation_config, len(PROMPT), MAX_NEW)
     drafters = {
         "none": None,
-        "own-decoder": ModelDrafter(as_decoder(own), rules, MAX_NEW, share_encoder=True, pad_id=EOT),
-        "truncated-2l": ModelDrafter(as_decoder(short), rules, MAX_NEW, share_encoder=True, pad_id=EOT),
+        "own-decoder": model_drafter(as_decoder(own), share_encoder=True, pad_id=EOT),
+        "truncated-2l": model_drafter(as_decoder(short), share_encoder=True, pad_id=EOT),
     }
     return decoder, enc, refs, rules, drafters
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -122,8 +123,9 @@ def accept_sampling(drafts: list[int], qs: list[torch.Tensor | None], logits: to
 class AssistedDecoder:
     """A main model and (optionally) a drafter. Holds no per-request state: call ``generate`` freely."""
 
-    def __init__(self, main: Decoder, drafter: Drafter | None = None, pad_id: int = 0) -> None:
-        self.main, self.drafter, self.pad_id = main, drafter, pad_id
+    def __init__(self, main: Decoder, make_drafter: Callable[[Rules, int], Drafter] | None = None,
+                 pad_id: int = 0) -> None:
+        self.main, self.make_drafter, self.pad_id = main, make_drafter, pad_id
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], rules: Rules, options: DecodeOptions = DecodeOptions(),
@@ -132,7 +134,8 @@ class AssistedDecoder:
         rows = len(prompts)
         generator = torch.Generator().manual_seed(options.seed) if options.seed is not None else None
         sampling = options.sampling if options.do_sample else None
-        drafter = self.drafter if options.use_drafter else None
+        use = options.use_drafter and self.make_drafter is not None
+        drafter = self.make_drafter(rules, options.max_new_tokens) if use else None
         policy = make_policy(options.policy)
 
         t0 = time.perf_counter()
@@ -151,15 +154,16 @@ class AssistedDecoder:
         pending = [list(p) for p in prompts]  # tokens the main cache lacks
         out: list[list[int]] = [[] for _ in range(rows)]
         alive = list(range(rows))  # original row index of each batch row
+        done = [False] * rows  # finished rows stay in the batch (fed nothing) until enough have finished
         hist: Counter[int] = Counter()
         n_rounds = main_calls = draft_calls = drafted_total = accepted_total = 0
         draft_s = verify_s = 0.0
 
-        while alive:
+        while not all(done):
             n_rounds += 1
             gen_lens = [len(s) - pl for s, pl in zip(seqs, prompt_lens)]
             ks = policy.next_k(len(alive)) if drafter is not None else [0] * len(alive)
-            ks = [min(k, options.max_new_tokens - g - 1) for k, g in zip(ks, gen_lens)]
+            ks = [0 if d else min(k, options.max_new_tokens - g - 1) for k, g, d in zip(ks, gen_lens, done)]
             if drafter is not None and any(k > 0 for k in ks):
                 d = drafter.draft(ks, seqs, gen_lens, sampling, generator, policy.stop_below)
                 drafts, qs, draft_calls, draft_s = d.tokens, d.probs, draft_calls + d.steps, draft_s + d.seconds
@@ -176,26 +180,27 @@ class AssistedDecoder:
             sel = torch.full((len(alive), width, logits.shape[-1]), float("-inf"))
             lens = torch.full((len(alive), width), PAD_GEN_LEN, dtype=torch.long)
             for b, (p, dr) in enumerate(zip(pending, drafts)):
-                sel[b, : len(dr) + 1] = logits[b, len(p) - 1 : len(p) + len(dr)]
-                lens[b, : len(dr) + 1] = torch.arange(len(dr) + 1) + gen_lens[b]
+                if not done[b]:
+                    sel[b, : len(dr) + 1] = logits[b, len(p) - 1 : len(p) + len(dr)]
+                    lens[b, : len(dr) + 1] = torch.arange(len(dr) + 1) + gen_lens[b]
             prefixes = None
             if rules.needs_prefix:
                 prefixes = [[seqs[b] + dr[:j] for j in range(len(dr) + 1)] for b, dr in enumerate(drafts)]
             apply_rules(rules, sel, lens, options.max_new_tokens, prefixes)
 
             keep = torch.zeros(len(alive), logits.shape[1], dtype=torch.bool)
-            accepted, emitted, finished = [], [], []
+            accepted, emitted = [0] * len(alive), [[] for _ in alive]
             for b, (p, dr) in enumerate(zip(pending, drafts)):
+                if done[b]:
+                    continue
                 row_logits = sel[b, : len(dr) + 1]
                 if sampling is None:
                     n, nxt = accept_greedy(dr, row_logits)
                 else:
                     n, nxt = accept_sampling(dr, qs[b] if qs else [None] * len(dr), row_logits, sampling, generator)
-                new, done = _truncate(dr[:n] + [nxt], rules.eos, options.max_new_tokens - gen_lens[b])
+                emitted[b], done[b] = _truncate(dr[:n] + [nxt], rules.eos, options.max_new_tokens - gen_lens[b])
                 keep[b, : len(p) + n] = True
-                accepted.append(n)
-                emitted.append(new)
-                finished.append(done)
+                accepted[b] = n
                 hist[n] += 1
                 drafted_total += len(dr)
                 accepted_total += n
@@ -206,25 +211,25 @@ class AssistedDecoder:
             for b, new in enumerate(emitted):
                 seqs[b].extend(new)
                 out[alive[b]].extend(new)
-                pending[b] = [new[-1]]
+                pending[b] = [] if done[b] else [new[-1]]
             if drafter is not None:
                 drafter.update(drafts, accepted, emitted)
             policy.observe([len(dr) for dr in drafts], accepted, d_s, v_s, width)
 
-            if any(finished):
-                keep_rows = [b for b, f in enumerate(finished) if not f]
-                alive = [alive[b] for b in keep_rows]
-                seqs = [seqs[b] for b in keep_rows]
+            # Finished rows leave the batch once they are a quarter of it (each removal copies the caches).
+            n_done = sum(done)
+            if n_done and not all(done) and 4 * n_done >= len(alive):
+                keep_rows = [b for b, f in enumerate(done) if not f]
+                alive, seqs, done = [alive[b] for b in keep_rows], [seqs[b] for b in keep_rows], [False] * len(keep_rows)
                 prompt_lens = [prompt_lens[b] for b in keep_rows]
                 pending = [pending[b] for b in keep_rows]
-                if alive:
-                    index = torch.tensor(keep_rows, dtype=torch.long)
-                    cache.select(index)
-                    if enc is not None:
-                        enc = enc.select(index)
-                    if drafter is not None:
-                        drafter.select(keep_rows)
-                    policy.select(keep_rows)
+                index = torch.tensor(keep_rows, dtype=torch.long)
+                cache.select(index)
+                if enc is not None:
+                    enc = enc.select(index)
+                if drafter is not None:
+                    drafter.select(keep_rows)
+                policy.select(keep_rows)
             cache.maybe_compact()
 
         total_s = time.perf_counter() - t_start

@@ -30,6 +30,8 @@ class Drafts:
 
 
 class Drafter:
+    """Per-request drafting state. A new one is made for every ``generate`` call (see ``DrafterFactory``)."""
+
     def start(self, prompts: list[list[int]], enc: EncoderOutput | None, encoder_inputs: dict | None) -> int:
         """Prepare for a batch; returns the number of encoder passes it ran itself."""
         return 0
@@ -180,3 +182,27 @@ class ModelDrafter(Drafter):
         self._fed = [self._fed[i] for i in keep] if self._fed else []
         if self.lookup is not None:
             self.lookup.select(keep)
+
+
+# A factory makes a fresh drafter for each request (rules and max_new_tokens are per request), so the
+# shared engine object holds no per-request state.
+DrafterFactory = "Callable[[Rules, int], Drafter]"
+
+
+def model_drafter(decoder: Decoder, share_encoder: bool, pad_id: int, lookup_ngram: int | None = None):
+    """Draft with an assistant model (optionally trying prompt lookup first, row by row)."""
+
+    def make(rules: Rules, max_new_tokens: int) -> Drafter:
+        lookup = PromptLookup(lookup_ngram) if lookup_ngram else None
+        return ModelDrafter(decoder, rules, max_new_tokens, share_encoder, pad_id, lookup)
+
+    return make
+
+
+def prompt_lookup(ngram: int = 3):
+    """Draft by prompt lookup alone."""
+
+    def make(rules: Rules, max_new_tokens: int) -> Drafter:
+        return PromptLookup(ngram)
+
+    return make

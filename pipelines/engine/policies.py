@@ -11,7 +11,7 @@ POLICIES = ("constant", "heuristic", "confidence", "adaptive")
 @dataclass(frozen=True)
 class PolicyOptions:
     name: str = "adaptive"  # one of POLICIES
-    lookahead: int = 5  # constant: always; heuristic/adaptive: the first round's lookahead
+    lookahead: int = 1  # constant: always; heuristic/adaptive: the first round's lookahead (a cheap probe)
     max_lookahead: int = 8  # upper bound for heuristic, confidence and adaptive
     confidence: float = 0.4  # confidence: stop drafting a row when the drafted token's probability is below this
 
@@ -83,7 +83,7 @@ class Adaptive(Policy):
         self.accepted, self.rejected = 1.0, 1.0  # Beta(1, 1) prior on the acceptance rate
         self.draft_step_s: float | None = None
         self.verify: list[tuple[int, float]] = []  # (chunk length, seconds) of recent verify passes
-        self.plain_left, self.plain_wait = 0, 4
+        self.plain_left, self.plain_wait = 0, 16
 
     def _acceptance(self) -> float:
         return self.accepted / (self.accepted + self.rejected)

@@ -1,0 +1,55 @@
+"""A registry pair made runnable: its models loaded once, and an engine that drafts the way the pair says.
+
+The loaded objects are shared (e.g. held by a Streamlit resource cache) and never mutated per request:
+per-request state lives inside each ``generate`` call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .engine import AssistedDecoder, Decoder, as_decoder, model_drafter, prompt_lookup
+from .loading import load_model, load_tokenizer
+from .registry import Pair
+
+
+@dataclass(frozen=True)
+class LoadedPair:
+    pair: Pair
+    dtype: str
+    main_model: object  # the transformers model
+    main: Decoder
+    tokenizer: object
+    assistant_model: object | None
+    engine: AssistedDecoder  # drafts as the pair says
+    plain: AssistedDecoder  # the same main model, plain decoding (for --compare and --no-assistant)
+
+
+def pad_id_of(model) -> int:
+    config, gen = model.config, model.generation_config
+    for value in (gen.pad_token_id, config.pad_token_id, gen.eos_token_id, config.eos_token_id):
+        if isinstance(value, list):
+            value = value[0] if value else None
+        if value is not None:
+            return int(value)
+    return 0
+
+
+def load_pair(pair: Pair, dtype: str | None = None) -> LoadedPair:
+    """Load the pair's main model (and assistant) in ``dtype`` (default: the pair's) and build its engines."""
+    dtype = dtype or pair.dtype
+    main_model = load_model(pair.main, dtype)
+    main = as_decoder(main_model)
+    pad = pad_id_of(main_model)
+    assistant_model = None
+    make = None
+    if pair.draft.startswith("model"):
+        assistant_model = load_model(pair.assistant, dtype)
+        lookup = pair.prompt_lookup_ngram if pair.draft == "model+prompt-lookup" else None
+        make = model_drafter(as_decoder(assistant_model), pair.share_encoder, pad, lookup)
+    elif pair.draft == "prompt-lookup":
+        make = prompt_lookup(pair.prompt_lookup_ngram)
+    return LoadedPair(
+        pair=pair, dtype=dtype, main_model=main_model, main=main, tokenizer=load_tokenizer(pair.main),
+        assistant_model=assistant_model, engine=AssistedDecoder(main, make, pad), plain=AssistedDecoder(main, None, pad),
+    )
