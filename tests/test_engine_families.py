@@ -125,8 +125,31 @@ def test_rows_that_stop_at_once_and_generation_rules():
 
 
 def test_unknown_family_is_refused():
-    from transformers import T5Config, T5ForConditionalGeneration
+    from transformers import ProphetNetConfig, ProphetNetForConditionalGeneration
 
-    model = T5ForConditionalGeneration(T5Config(vocab_size=32, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2))
-    with pytest.raises(TypeError, match="no engine adapter for 't5'"):
+    model = ProphetNetForConditionalGeneration(ProphetNetConfig(vocab_size=32, hidden_size=16, encoder_ffn_dim=32,
+                                                                decoder_ffn_dim=32, num_encoder_layers=1,
+                                                                num_decoder_layers=1, num_encoder_attention_heads=2,
+                                                                num_decoder_attention_heads=2))
+    with pytest.raises(TypeError, match="no engine adapter for 'prophetnet'"):
         as_decoder(model)
+
+
+def test_long_outputs_and_the_plain_comparison_flag():
+    """160 new tokens per row in a ragged batch; compare_plain runs plain greedy and flags identity."""
+    main = make_causal("llama", layers=2, seed=0)
+    helper = make_causal("llama", layers=2, seed=0)  # an exact copy: every draft accepted
+    with torch.no_grad():
+        helper.model.layers[1].mlp.down_proj.weight.mul_(0.7)  # ...almost: now some drafts are rejected
+    ids, mask = sources(4, seed=11)
+    prompts = [ids[b, : int(mask[b].sum())].tolist() for b in range(4)]
+    rules = rules_from_generation_config(main.generation_config, 1, 160)
+    engine = AssistedDecoder(as_decoder(main), model_drafter(as_decoder(helper), False, 1), pad_id=1)
+    r = engine.generate(prompts, rules, DecodeOptions(max_new_tokens=160, policy=PolicyOptions("constant", 4),
+                                                      compare_plain=True))
+    assert r.identical == (True,) * 4 and r.plain_stats.drafted == 0
+    assert 0.2 < r.stats.acceptance < 1.0 and r.stats.calls_per_token < 0.8
+    refs = [main.generate(input_ids=torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                          do_sample=False, max_new_tokens=160)[0].tolist()[len(p):] for p in prompts]
+    assert [list(t) for t in r.tokens] == [_trim_pad(x, 2, 1) for x in refs]
+    assert max(len(t) for t in r.tokens) > 100

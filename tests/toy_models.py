@@ -23,12 +23,19 @@ def _enc_dec_config(kind: str, layers: int, seed_vocab: int = VOCAB):
                             decoder_start_token_id=seed_vocab - 1, share_encoder_decoder_embeddings=True)
     if kind == "m2m_100":
         return M2M100Config(**common, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
+    if kind == "t5":
+        from transformers import T5Config
+
+        return T5Config(vocab_size=seed_vocab, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=layers,
+                        num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                        dropout_rate=0.0, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+                        initializer_factor=8.0, tie_word_embeddings=False)
     if kind == "pegasus":
         return PegasusConfig(**common, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
     raise ValueError(kind)
 
 
-ENC_DEC = ("bart", "mbart", "marian", "m2m_100", "pegasus")
+ENC_DEC = ("bart", "mbart", "marian", "m2m_100", "pegasus", "t5")
 CAUSAL = ("llama", "gpt2")
 
 

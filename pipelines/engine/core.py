@@ -33,6 +33,7 @@ class DecodeOptions:
     seed: int | None = None  # sampling seed (a fresh generator per call)
     policy: PolicyOptions = PolicyOptions()  # how many tokens to draft each round
     use_drafter: bool = True  # False: plain decoding through the same loop
+    compare_plain: bool = False  # greedy only: also decode plainly and report, per row, identical outputs
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,8 @@ class DecodeStats:
 class DecodeResult:
     tokens: tuple[tuple[int, ...], ...]  # per row: the emitted tokens (EOS included when emitted)
     stats: DecodeStats
+    identical: tuple[bool, ...] | None = None  # with compare_plain: per row, equal to plain greedy decoding
+    plain_stats: DecodeStats | None = None  # with compare_plain: the plain run's statistics
 
 
 def _truncate(tokens: list[int], eos: tuple[int, ...], room: int) -> tuple[list[int], bool]:
@@ -147,6 +150,7 @@ class AssistedDecoder:
         if drafter is not None:
             encoder_calls += drafter.start(prompts, enc, encoder_inputs)
         encode_s = time.perf_counter() - t0
+        enc_all = enc
 
         cache = self.main.new_cache(rows)
         seqs = [list(p) for p in prompts]
@@ -239,4 +243,12 @@ class AssistedDecoder:
             accepted_hist=dict(sorted(hist.items())), encode_s=encode_s, draft_s=draft_s, verify_s=verify_s,
             other_s=max(0.0, total_s - encode_s - draft_s - verify_s), total_s=total_s,
         )
-        return DecodeResult(tuple(tuple(o) for o in out), stats)
+        tokens = tuple(tuple(o) for o in out)
+        if options.compare_plain and not options.do_sample:
+            from dataclasses import replace
+
+            plain = self.generate(prompts, rules, replace(options, use_drafter=False, compare_plain=False),
+                                  encoder_inputs, enc_all)
+            same = tuple(a == b for a, b in zip(tokens, plain.tokens))
+            return DecodeResult(tokens, stats, same, plain.stats)
+        return DecodeResult(tokens, stats)

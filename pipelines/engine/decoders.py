@@ -13,6 +13,9 @@ embeddings) and a 4-D attention mask:
 Holes cost attention work only; when more than half of the slots are holes the cache is compacted
 (real slots gathered to the front, per row).
 
+T5 has no absolute positions but a relative position bias, computed here from each slot's true
+position (kept per slot) so holes do not distort distances.
+
 The adapters run the families' own transformers modules (embeddings, decoder layers, heads) with that
 mask and those positions: Whisper and causal LMs take ``position_ids`` natively; the BART family
 (BART, mBART, Marian, M2M100/NLLB, Pegasus) computes its position embeddings from the cache length, so
@@ -43,7 +46,9 @@ class RaggedCache:
     def __init__(self, cache, batch: int, device: torch.device) -> None:
         self.cache = cache
         self.valid = torch.zeros(batch, 0, dtype=torch.bool, device=device)  # (B, T)
+        self.slot_pos = torch.zeros(batch, 0, dtype=torch.long, device=device)  # (B, T) true position of each slot
         self.next_pos = torch.zeros(batch, dtype=torch.long, device=device)  # (B,)
+        self._planned: torch.Tensor | None = None  # positions of the chunk being fed
 
     @property
     def length(self) -> int:
@@ -67,11 +72,13 @@ class RaggedCache:
         new = new | torch.eye(n, dtype=torch.bool, device=device)[None]  # a padding query sees itself: no empty rows
         old = self.valid[:, None, :].expand(batch, n, self.length)
         allowed = torch.cat([old, new], dim=2)[:, None, :, :]
+        self._planned = positions
         return ids, positions, real, allowed
 
     def commit(self, keep: torch.Tensor) -> None:
         """After a forward call over n new slots: ``keep`` (B, n) marks which of them hold accepted tokens."""
         self.valid = torch.cat([self.valid, keep], dim=1)
+        self.slot_pos = torch.cat([self.slot_pos, self._planned], dim=1)
         self.next_pos = self.next_pos + keep.sum(dim=1)
 
     def rollback(self, row: int, n: int) -> None:
@@ -86,6 +93,7 @@ class RaggedCache:
         """Keep only ``rows`` (finished rows leave the batch and cost nothing more)."""
         self.cache.reorder_cache(rows)
         self.valid = self.valid.index_select(0, rows)
+        self.slot_pos = self.slot_pos.index_select(0, rows)
         self.next_pos = self.next_pos.index_select(0, rows)
 
     def maybe_compact(self, threshold: float = 0.5) -> None:
@@ -101,6 +109,7 @@ class RaggedCache:
             index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
             layer.keys = layer.keys.gather(2, index)
             layer.values = layer.values.gather(2, index)
+        self.slot_pos = self.slot_pos.gather(1, order)
         self.valid = new_valid
 
 
@@ -151,6 +160,7 @@ class Decoder:
 
     def forward(self, chunks: list[list[int]], cache: RaggedCache, enc: EncoderOutput | None, pad_id: int):
         ids, positions, real, allowed = cache.plan(chunks, pad_id, self.max_positions)
+        self._ragged = cache  # T5 reads the slot positions for its relative position bias
         logits = self._forward(ids, positions, additive_mask(allowed, self.dtype), cache.cache, enc)
         return logits.float(), real
 
@@ -239,6 +249,42 @@ class CausalDecoder(Decoder):
         return out.logits
 
 
+class T5Decoder(Decoder):
+    """T5 / mT5 / Flan-T5: no absolute positions, but a relative position bias in self-attention. With holes
+    in the cache the slot index is not the position, so the bias is computed here from each row's true
+    positions: bias[b, h, q, s] = table[h, bucket(pos(s) - pos(q))], and handed to every layer."""
+
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        self.decoder = model.get_decoder()
+        self.attention = self.decoder.block[0].layer[0].SelfAttention
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **_) -> EncoderOutput:
+        hidden = self.model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return EncoderOutput(hidden, attention_mask)
+
+    def _bias(self, positions: torch.Tensor) -> torch.Tensor:
+        att = self.attention
+        keys = torch.cat([self._ragged.slot_pos, positions], dim=1)  # (B, T + n)
+        relative = keys[:, None, :] - positions[:, :, None]  # (B, n, T + n): memory - context
+        buckets = att._relative_position_bucket(relative, bidirectional=False, num_buckets=att.relative_attention_num_buckets,
+                                                max_distance=att.relative_attention_max_distance)
+        return att.relative_attention_bias(buckets).permute(0, 3, 1, 2)  # (B, H, n, T + n)
+
+    def _forward(self, ids, positions, mask, cache, enc):
+        dec = self.decoder
+        hidden = dec.embed_tokens(ids)
+        bias = self._bias(positions).to(hidden.dtype)
+        enc_mask = _encoder_mask(enc, ids.shape[1], self.dtype)
+        for block in dec.block:
+            hidden, _, _ = block(hidden, attention_mask=mask, position_bias=bias, encoder_hidden_states=enc.hidden,
+                                 encoder_attention_mask=enc_mask, cache=cache, use_cache=True)
+        hidden = dec.final_layer_norm(hidden)
+        if getattr(self.config, "scale_decoder_outputs", False):
+            hidden = hidden * (self.model.model_dim ** -0.5)
+        return self.model.lm_head(hidden)
+
+
 BART_FAMILY = ("bart", "mbart", "marian", "m2m_100", "pegasus", "nllb")
 
 
@@ -249,6 +295,8 @@ def as_decoder(model) -> Decoder:
         return WhisperDecoder(model)
     if kind in BART_FAMILY:
         return BartFamilyDecoder(model)
+    if kind in ("t5", "mt5"):
+        return T5Decoder(model)
     if not model.config.is_encoder_decoder:
         return CausalDecoder(model)
-    raise TypeError(f"no engine adapter for {kind!r} encoder-decoder models (known: whisper, {', '.join(BART_FAMILY)})")
+    raise TypeError(f"no engine adapter for {kind!r} encoder-decoder models (known: whisper, t5, mt5, {', '.join(BART_FAMILY)})")
