@@ -81,24 +81,25 @@ def _hub_failure(ref: ModelRef, exc: Exception) -> ModelUnavailableError:
     )
 
 
+def _from_pretrained(factory, ref: ModelRef, **extra):
+    """``factory.from_pretrained`` on the resolved reference; hub failures become ModelUnavailableError."""
+    where, kwargs = resolve(ref)
+    try:
+        return factory.from_pretrained(where, **kwargs, **extra)
+    except (OSError, ValueError) as exc:
+        raise _hub_failure(ref, exc) from None
+
+
 def load_config(ref: ModelRef):
     from transformers import AutoConfig
 
-    where, kwargs = resolve(ref)
-    try:
-        return AutoConfig.from_pretrained(where, **kwargs)
-    except (OSError, ValueError) as exc:
-        raise _hub_failure(ref, exc) from None
+    return _from_pretrained(AutoConfig, ref)
 
 
 def load_tokenizer(ref: ModelRef):
     from transformers import AutoTokenizer
 
-    where, kwargs = resolve(ref)
-    try:
-        return AutoTokenizer.from_pretrained(where, **kwargs)
-    except (OSError, ValueError) as exc:
-        raise _hub_failure(ref, exc) from None
+    return _from_pretrained(AutoTokenizer, ref)
 
 
 def torch_dtype(name: str):
@@ -117,15 +118,10 @@ def load_model(ref: ModelRef, dtype: str = "float32"):
     )
 
     config = load_config(ref)
-    where, kwargs = resolve(ref)
     if config.model_type == "whisper":
         cls = AutoModelForSpeechSeq2Seq if config.is_encoder_decoder else WhisperForCausalLM
     elif config.is_encoder_decoder:
         cls = AutoModelForSeq2SeqLM
     else:
         cls = AutoModelForCausalLM
-    try:
-        model = cls.from_pretrained(where, dtype=torch_dtype(dtype), **kwargs)
-    except (OSError, ValueError) as exc:
-        raise _hub_failure(ref, exc) from None
-    return model.eval()
+    return _from_pretrained(cls, ref, dtype=torch_dtype(dtype)).eval()
