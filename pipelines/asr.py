@@ -1,29 +1,36 @@
-"""Speech recognition: audio files in, transcripts out (preprocess -> decode -> postprocess).
+"""Speech recognition: audio files in, transcripts and segments out (preprocess -> decode -> postprocess).
 
-preprocess   decode the file to 16 kHz mono, log-mel features of one 30 s window
-decode       Tandem's engine: the pair's assistant drafts, Whisper verifies (or plain decoding)
-postprocess  tokens to text
+preprocess   stream each file as 16 kHz mono, one 30 s window at a time (memory stays bounded)
+decode       Tandem's engine on a batch of windows from different files (ragged batching): the pair's
+             assistant drafts, Whisper verifies (or plain decoding)
+postprocess  tokens to text and timed segments; the file's cursor moves to the next window
 
-Files longer than 30 s still go through transformers' sequential long-form decoding (plain, with
-timestamps) until the long-form ASR pipeline lands.
+Long files are decoded window after window as Whisper does (OpenAI's sequential algorithm): with
+timestamps on, a window ends at its last complete segment and the next window starts there. A file of
+one window without ``timestamps`` is decoded like ``generate()``'s short-form mode (no timestamp
+tokens), so its tokens can be compared with it one for one. Silent windows are skipped (no
+hallucinated text).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
-from .audio import SAMPLE_RATE, AudioDecodeError, is_audio_name, load_audio
-from .engine import DecodeOptions, DecodeStats, rules_from_generation_config
+from .audio import SAMPLE_RATE, AudioDecodeError, is_audio_name, stream_audio
+from .engine import DecodeOptions, DecodeStats, Rules, rules_from_generation_config
 from .pairs import load_pair
 from .registry import Pair
 
 WINDOW_SECONDS = 30.0  # Whisper's input window
+WINDOW = int(WINDOW_SECONDS * SAMPLE_RATE)
+TIME_PRECISION = 0.02  # seconds per timestamp token
+SILENCE_RMS = 1e-4  # a window quieter than this (root mean square) is silence: nothing to decode
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,15 @@ class TranscribeOptions:
     max_new_tokens: int = 440  # per 30 s window (Whisper allows 448 positions including the prompt)
     use_assistant: bool = True  # False: plain decoding with the same main model
     compare: bool = False  # also decode plainly, to time it and check the outputs are identical
+    batch_size: int = 4  # windows of different files decoded together
+    timestamps: bool = False  # timestamp tokens even for files of one window (always on for longer files)
+
+
+@dataclass(frozen=True)
+class Segment:
+    start: float  # seconds from the start of the file
+    end: float
+    text: str
 
 
 @dataclass(frozen=True)
@@ -41,11 +57,17 @@ class Transcript:
     path: str  # the input file
     text: str  # the transcript ("" for silence or on error)
     duration: float  # seconds of audio
-    seconds: float  # wall time spent decoding this file
+    seconds: float  # wall time spent decoding this file's windows (its share of each batch)
     error: str | None = None  # why the file failed, or None
-    stats: DecodeStats | None = None  # engine statistics (None for the long-form path)
-    plain_seconds: float | None = None  # with compare: plain decoding's time for the same audio
-    identical: bool | None = None  # with compare: assisted tokens == plain tokens
+    segments: tuple[Segment, ...] = ()
+    language: str | None = None
+    tokens: int = 0  # tokens emitted
+    main_calls: float = 0.0  # main-model decoder passes (its share of each batch's)
+    drafted: float = 0.0  # draft tokens proposed (its share)
+    accepted: float = 0.0  # draft tokens accepted (its share)
+    decode_seconds: float = 0.0  # decoder time, encoder excluded (its share)
+    plain_seconds: float | None = None  # with compare: plain decoder time for the same windows
+    identical: bool | None = None  # with compare: assisted tokens == plain tokens in every window
 
     @property
     def ok(self) -> bool:
@@ -65,6 +87,184 @@ def find_audio(inputs: Iterable[str | Path]) -> list[Path]:
             found.append(path)
     seen: set[Path] = set()
     return [p for p in found if not (p in seen or seen.add(p))]
+
+
+class WindowReader:
+    """Streams a file and serves 30 s windows from any later start; samples before it are dropped."""
+
+    def __init__(self, path: Path) -> None:
+        self._blocks = stream_audio(path, block_seconds=WINDOW_SECONDS)
+        self._buf = np.zeros(0, dtype=np.float32)
+        self._start = 0  # sample index of _buf[0]
+        self._ended = False
+        self._fill(WINDOW + 1)  # decode errors surface here, before any work is done
+
+    def _fill(self, end: int) -> None:
+        while not self._ended and self._start + len(self._buf) < end:
+            try:
+                self._buf = np.concatenate([self._buf, next(self._blocks)])
+            except StopIteration:
+                self._ended = True
+
+    @property
+    def known_length(self) -> int:
+        """Samples read so far (the whole file once ``ended``)."""
+        return self._start + len(self._buf)
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    def window(self, start: int) -> np.ndarray:
+        self._fill(start + WINDOW + 1)
+        drop = max(0, start - self._start)
+        self._buf, self._start = self._buf[drop:], self._start + drop
+        return self._buf[: WINDOW]
+
+    def is_single_window(self) -> bool:
+        self._fill(WINDOW + 1)
+        return self._ended and self.known_length <= WINDOW
+
+
+@dataclass
+class _Cursor:
+    """One file being decoded: where it is and what it has produced."""
+
+    path: Path
+    reader: WindowReader
+    single: bool  # the file fits one window
+    seek: int = 0  # sample where the next window starts
+    segments: list[Segment] = field(default_factory=list)
+    language: str | None = None
+    prompt: list[int] | None = None
+    seconds: float = 0.0
+    decode_seconds: float = 0.0
+    plain_seconds: float = 0.0
+    identical: bool = True
+    tokens: int = 0
+    main_calls: float = 0.0
+    drafted: float = 0.0
+    accepted: float = 0.0
+    done: bool = False
+
+
+def segments_from_tokens(tokens: list[int], timestamp_begin: int, offset: float, window_seconds: float,
+                         decode) -> tuple[list[Segment], float]:
+    """Whisper's timestamp tokens -> segments, and how far to advance (seconds).
+
+    Consecutive timestamp pairs close one segment and open the next. If the window ends with a complete
+    segment (two timestamps in a row), the next window starts at the last timestamp; if it ends with a
+    single timestamp (nothing more was said), the whole window is consumed."""
+    is_ts = [t >= timestamp_begin for t in tokens]
+    single_ending = len(tokens) >= 2 and is_ts[-2:] == [False, True]
+    cuts = [i for i in range(1, len(tokens)) if is_ts[i] and is_ts[i - 1]]
+    segments: list[Segment] = []
+    if cuts:
+        bounds = cuts + ([len(tokens)] if single_ending else [])
+        last = 0
+        for cut in bounds:
+            piece = tokens[last:cut]
+            if piece and piece[0] >= timestamp_begin:
+                start = (piece[0] - timestamp_begin) * TIME_PRECISION
+                end_tok = piece[-1] if piece[-1] >= timestamp_begin else piece[0]
+                end = (end_tok - timestamp_begin) * TIME_PRECISION
+                text = decode([t for t in piece if t < timestamp_begin]).strip()
+                if text:
+                    segments.append(Segment(round(offset + start, 2), round(offset + max(end, start), 2), text))
+            last = cut
+        if single_ending:
+            advance = window_seconds
+        else:
+            advance = (tokens[cuts[-1] - 1] - timestamp_begin) * TIME_PRECISION
+            advance = advance if advance > 0 else window_seconds
+    else:
+        stamps = [t for t in tokens if t >= timestamp_begin]
+        end = (stamps[-1] - timestamp_begin) * TIME_PRECISION if stamps and stamps[-1] > timestamp_begin else window_seconds
+        text = decode([t for t in tokens if t < timestamp_begin]).strip()
+        if text:
+            segments.append(Segment(round(offset, 2), round(offset + min(end, window_seconds), 2), text))
+        advance = window_seconds
+    return segments, advance
+
+
+def tighten_segments(segments: list[Segment], audio: np.ndarray, offset: float, margin: float = 0.1) -> list[Segment]:
+    """Whisper's segments run from one timestamp to the next, pauses included. Move each start forward to
+    the first voiced 10 ms frame in the segment and each end back to the last one (keeping ``margin``
+    seconds), where voiced means louder than 5% of the window's loud frames (and above 1e-3 RMS).
+    Segments only ever shrink, and one with no voiced frame is left as it is."""
+    hop = SAMPLE_RATE // 100
+    n = len(audio) // hop
+    if n == 0 or not segments:
+        return segments
+    rms = np.sqrt(np.mean(np.square(audio[: n * hop].reshape(n, hop)), axis=1))
+    voiced = rms > max(1e-3, 0.05 * float(np.percentile(rms, 95)))
+    out = []
+    for seg in segments:
+        a = max(0, int((seg.start - offset) * 100))
+        b = min(n, int(np.ceil((seg.end - offset) * 100)))
+        v = voiced[a:b].copy()
+        idx = np.flatnonzero(v)
+        if len(idx) == 0:
+            out.append(seg)
+            continue
+        # The next sentence's first syllables often fall before the closing timestamp: drop a voiced
+        # tail shorter than 0.3 s that follows a pause of at least 0.15 s.
+        last = idx[-1]
+        run_start = last
+        while run_start > 0 and v[run_start - 1]:
+            run_start -= 1
+        gap_start = run_start
+        while gap_start > 0 and not v[gap_start - 1]:
+            gap_start -= 1
+        if last - run_start + 1 < 30 and run_start - gap_start >= 15 and gap_start > 0:
+            v[run_start:] = False
+            idx = np.flatnonzero(v)
+        start = max(seg.start, offset + (a + idx[0]) / 100 - margin)
+        end = min(seg.end, offset + (a + idx[-1] + 1) / 100 + margin)
+        out.append(Segment(round(start, 2), round(max(end, start), 2), seg.text))
+    return out
+
+
+_SENTENCE_END = __import__("re").compile(r"(?<=[.!?])\s+")
+
+
+def split_at_pauses(segments: list[Segment], audio: np.ndarray, offset: float, min_gap: float = 0.3,
+                    margin: float = 0.1) -> list[Segment]:
+    """Whisper sometimes puts several sentences in one segment. When a segment's audio has exactly as many
+    voiced stretches (separated by pauses of ``min_gap`` seconds or more) as its text has sentences, give
+    each sentence its own stretch; otherwise keep the segment."""
+    hop = SAMPLE_RATE // 100
+    n = len(audio) // hop
+    if n == 0:
+        return segments
+    rms = np.sqrt(np.mean(np.square(audio[: n * hop].reshape(n, hop)), axis=1))
+    voiced = rms > max(1e-3, 0.05 * float(np.percentile(rms, 95)))
+    out: list[Segment] = []
+    for seg in segments:
+        sentences = [x for x in _SENTENCE_END.split(seg.text) if x.strip()]
+        a = max(0, int((seg.start - offset) * 100))
+        b = min(n, int(np.ceil((seg.end - offset) * 100)))
+        regions, run_start, silent = [], None, 0
+        for i in range(a, b):
+            if voiced[i]:
+                if run_start is None:
+                    run_start = i
+                elif silent >= min_gap * 100:
+                    regions.append([run_start, i - silent])
+                    run_start = i
+                silent = 0
+            else:
+                silent += 1
+        if run_start is not None:
+            regions.append([run_start, b - silent])
+        if len(sentences) > 1 and len(regions) == len(sentences):
+            for (r0, r1), text in zip(regions, sentences):
+                start = max(seg.start, offset + r0 / 100 - margin)
+                end = min(seg.end, offset + r1 / 100 + margin)
+                out.append(Segment(round(start, 2), round(end, 2), text.strip()))
+        else:
+            out.append(seg)
+    return out
 
 
 class WhisperRunner:
@@ -88,64 +288,139 @@ class WhisperRunner:
     def multilingual(self) -> bool:
         return bool(getattr(self.model.generation_config, "is_multilingual", False))
 
-    def prompt(self, language: str | None, task: str, features) -> list[int]:
-        """<|startoftranscript|> [<|lang|> <|task|>] <|notimestamps|>; the language is detected when None."""
+    @cached_property
+    def timestamp_begin(self) -> int:
+        return self.model.generation_config.no_timestamps_token_id + 1
+
+    def language_of(self, features) -> str:
+        with self._torch.inference_mode():
+            lang_id = int(self.model.detect_language(features)[0])
+        return self.tokenizer.convert_ids_to_tokens(lang_id)[2:-2]
+
+    def prompt(self, language: str | None, task: str, timestamps: bool) -> list[int]:
+        """<|startoftranscript|> [<|lang|> <|task|>] [<|notimestamps|>]."""
         gen = self.model.generation_config
         tokens = [gen.decoder_start_token_id]
         if self.multilingual:
-            if language is None:
-                with self._torch.inference_mode():
-                    lang_id = int(self.model.detect_language(features)[0])
-            else:
-                key = f"<|{language}|>"
-                if key not in gen.lang_to_id:
-                    raise ValueError(f"language {language!r} is not one this model knows")
-                lang_id = gen.lang_to_id[key]
-            tokens += [lang_id, gen.task_to_id[task]]
-        return tokens + [gen.no_timestamps_token_id]
+            key = f"<|{language or 'en'}|>"
+            if key not in gen.lang_to_id:
+                raise ValueError(f"language {language!r} is not one this model knows")
+            tokens += [gen.lang_to_id[key], gen.task_to_id[task]]
+        return tokens if timestamps else tokens + [gen.no_timestamps_token_id]
 
-    def _long_form(self, audio: np.ndarray, options: TranscribeOptions) -> str:
-        feats = self.features(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt", truncation=False,
-                              padding="longest", return_attention_mask=True)
-        kwargs = dict(do_sample=False, num_beams=1, attention_mask=feats.attention_mask, return_timestamps=True)
-        if self.multilingual:
-            kwargs.update(task=options.task, **({"language": options.language} if options.language else {}))
-        with self._torch.inference_mode():
-            out = self.model.generate(feats.input_features.to(self.model.dtype), **kwargs)
-        ids = out["sequences"] if isinstance(out, dict) else out
-        return self.tokenizer.decode(ids[0], skip_special_tokens=True).strip()
+    def rules(self, prompt_len: int, timestamps: bool, max_new: int) -> Rules:
+        from dataclasses import replace
 
-    def decode(self, audio: np.ndarray, options: TranscribeOptions) -> tuple[str, DecodeStats | None, dict]:
-        """Greedy decoding of one file's samples: text, engine stats, and the compare figures."""
-        if len(audio) == 0:
-            return "", None, {}
-        if len(audio) > WINDOW_SECONDS * SAMPLE_RATE:
-            return self._long_form(audio, options), None, {}
-        x = self.features(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features.to(self.model.dtype)
-        prompt = self.prompt(options.language, options.task, x)
-        rules = rules_from_generation_config(self.model.generation_config, len(prompt), options.max_new_tokens)
-        decode_options = DecodeOptions(max_new_tokens=options.max_new_tokens)
+        from transformers.generation.logits_process import WhisperTimeStampLogitsProcessor
+
+        rules = rules_from_generation_config(self.model.generation_config, prompt_len, max_new)
+        if timestamps:
+            ts = WhisperTimeStampLogitsProcessor(self.model.generation_config, begin_index=prompt_len)
+            rules = replace(rules, processors=rules.processors + (ts,))
+        return rules
+
+    def feats(self, windows: list[np.ndarray]):
+        x = self.features(windows, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
+        return x.to(self.model.dtype)
+
+    def decode_windows(self, windows: list[np.ndarray], prompts: list[list[int]], timestamps: bool,
+                       options: TranscribeOptions):
+        """One engine call over windows of several files (same prompt length). Returns tokens per window,
+        stats, and (with compare) the plain run's tokens and stats."""
+        x = self.feats(windows)
+        rules = self.rules(len(prompts[0]), timestamps, options.max_new_tokens)
+        decode_options = DecodeOptions(max_new_tokens=options.max_new_tokens,
+                                       compare_plain=options.compare and options.use_assistant)
         engine = self.loaded.engine if options.use_assistant else self.loaded.plain
-        result = engine.generate([prompt], rules, decode_options, encoder_inputs={"input_features": x})
-        compare = {}
-        if options.compare:
-            plain = self.loaded.plain.generate([prompt], rules, decode_options, encoder_inputs={"input_features": x})
-            compare = {"plain_seconds": plain.stats.total_s, "identical": plain.tokens == result.tokens}
-        text = self.tokenizer.decode(list(result.tokens[0]), skip_special_tokens=True).strip()
-        return text, result.stats, compare
+        return engine.generate(prompts, rules, decode_options, encoder_inputs={"input_features": x})
+
+
+def _open(path: Path, options: TranscribeOptions) -> _Cursor:
+    reader = WindowReader(path)
+    return _Cursor(path, reader, single=reader.is_single_window() and not options.timestamps)
+
+
+def _finish(cur: _Cursor, compare: bool) -> Transcript:
+    text = " ".join(s.text for s in cur.segments).strip()
+    return Transcript(
+        str(cur.path), text, cur.reader.known_length / SAMPLE_RATE, cur.seconds, None, tuple(cur.segments),
+        cur.language, cur.tokens, cur.main_calls, cur.drafted, cur.accepted, cur.decode_seconds,
+        cur.plain_seconds if compare else None, cur.identical if compare else None,
+    )
+
+
+def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptions) -> None:
+    """Advance every active cursor by one window: silent windows are skipped, the rest decoded together."""
+    work: dict[bool, list[tuple[_Cursor, np.ndarray]]] = {True: [], False: []}
+    for cur in active:
+        audio = cur.reader.window(cur.seek)
+        if len(audio) == 0:
+            cur.done = True
+            continue
+        if float(np.sqrt(np.mean(np.square(audio)))) < SILENCE_RMS:
+            cur.seek += len(audio)
+            cur.done = cur.reader.ended and cur.seek >= cur.reader.known_length
+            continue
+        if cur.prompt is None:
+            if options.language is None and runner.multilingual:
+                cur.language = runner.language_of(runner.feats([audio]))
+            else:
+                cur.language = options.language or "en"
+            cur.prompt = runner.prompt(cur.language, options.task, timestamps=not cur.single)
+        work[not cur.single].append((cur, audio))
+    for timestamps, items in work.items():
+        if not items:
+            continue
+        # batch rows must share the prompt length (same model, same mode: always true here)
+        result = runner.decode_windows([a for _, a in items], [c.prompt for c, _ in items], timestamps, options)
+        share = 1.0 / len(items)
+        for row, (cur, audio) in enumerate(items):
+            tokens = [t for t in result.tokens[row] if t != runner.model.generation_config.eos_token_id]
+            offset = cur.seek / SAMPLE_RATE
+            length = len(audio) / SAMPLE_RATE
+            if timestamps:
+                segs, advance = segments_from_tokens(tokens, runner.timestamp_begin, offset, length,
+                                                     runner.tokenizer.decode)
+            else:
+                text = runner.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+                segs, advance = ([Segment(round(offset, 2), round(offset + length, 2), text)] if text else []), length
+            cur.segments += split_at_pauses(tighten_segments(segs, audio, offset), audio, offset)
+            cur.seek += max(1, int(round(advance * SAMPLE_RATE)))
+            cur.done = cur.reader.ended and cur.seek >= cur.reader.known_length
+            _account(cur, result, row, share)
+
+
+def _account(cur: _Cursor, result, row: int, share: float) -> None:
+    stats: DecodeStats = result.stats
+    cur.seconds += stats.total_s * share
+    cur.decode_seconds += (stats.total_s - stats.encode_s) * share
+    cur.tokens += len(result.tokens[row])
+    cur.main_calls += stats.main_calls * share
+    cur.drafted += stats.drafted * share
+    cur.accepted += stats.accepted * share
+    if result.identical is not None:
+        cur.identical = cur.identical and result.identical[row]
+        cur.plain_seconds += result.plain_stats.total_s * share
 
 
 def transcribe(paths: Iterable[str | Path], pair: Pair, options: TranscribeOptions = TranscribeOptions(),
                runner: WhisperRunner | None = None) -> Iterator[Transcript]:
-    """Transcribe each file in turn; a file that cannot be decoded yields a Transcript with ``error`` set."""
+    """Transcribe files, ``options.batch_size`` at a time; yields one Transcript per file as it finishes
+    (a file that cannot be decoded yields one with ``error`` set, and the run goes on)."""
     runner = runner or WhisperRunner(pair, options.dtype)
-    for path in find_audio(paths):
-        start = time.perf_counter()
-        try:
-            audio = load_audio(path)
-        except AudioDecodeError as exc:
-            yield Transcript(str(path), "", 0.0, time.perf_counter() - start, error=exc.reason)
+    queue = list(find_audio(paths))
+    active: list[_Cursor] = []
+    while queue or active:
+        while queue and len(active) < max(1, options.batch_size):
+            path = queue.pop(0)
+            t0 = time.perf_counter()
+            try:
+                active.append(_open(path, options))
+            except AudioDecodeError as exc:
+                yield Transcript(str(path), "", 0.0, time.perf_counter() - t0, error=exc.reason)
+        if not active:
             continue
-        text, stats, compare = runner.decode(audio, options)
-        seconds = stats.total_s if stats is not None else time.perf_counter() - start
-        yield Transcript(str(path), text, len(audio) / SAMPLE_RATE, seconds, stats=stats, **compare)
+        _step(runner, active, options)
+        for cur in [c for c in active if c.done]:
+            active.remove(cur)
+            yield _finish(cur, options.compare and options.use_assistant)

@@ -288,16 +288,20 @@ def environment() -> dict:
 
 
 def bench_engine(limit: int = 24, json_path: str | None = None, include_toys: bool = True, end_to_end: bool = False,
-                 log=print) -> dict:
+                 dtype: str = "float32", log=print) -> dict:
+    from .loading import torch_dtype
+
     log(f"environment: {environment()}")
+    log(f"dtype: {dtype} (Whisper pairs; the random pairs run in float32)")
     log(f"timing: {'end to end (encoder included)' if end_to_end else 'decode only (encoder output computed once, shared by all systems)'}")
     log(HEADER)
     rows: list[Row] = []
-    workloads = whisper_workloads(limit) + (toy_workloads() if include_toys else [])
+    workloads = whisper_workloads(limit, torch_dtype(dtype)) + (toy_workloads() if include_toys else [])
     for w in workloads:
         w.end_to_end = end_to_end
         rows += bench_workload(w, log=log)
-    report = {"environment": environment(), "inputs": limit, "end_to_end": end_to_end, "rows": [asdict(r) for r in rows]}
+    report = {"environment": environment(), "inputs": limit, "end_to_end": end_to_end, "dtype": dtype,
+              "rows": [asdict(r) for r in rows]}
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(report, indent=1))

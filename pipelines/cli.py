@@ -113,70 +113,109 @@ def _load_refs(manifest: str | None) -> dict[str, str]:
 
 def run_transcribe(paths: list[str], pair_name: str | None, language: str | None, task: str, dtype: str | None,
                    refs_manifest: str | None, models: str | None, use_assistant: bool = True,
-                   compare: bool = False) -> int:
-    from .asr import TranscribeOptions, transcribe
+                   compare: bool = False, out: str | None = None, formats: tuple[str, ...] = ("txt",),
+                   batch_size: int = 4, timestamps: bool = False, quiet: bool = False) -> int:
+    from tqdm import tqdm
+
+    from .asr import TranscribeOptions, find_audio, transcribe
     from .metrics import wer
+    from .outputs import OutputTree, run_signature, write_atomic
     from .registry import load_registry
 
     registry = load_registry(models)
     pair = registry.get(pair_name) if pair_name else registry.default("asr")
     if pair.task != "asr":
-        print(f"pair {pair.name!r} is a {pair.task} pair, not an asr pair", file=sys.stderr)
+        print(f"tandem: pair {pair.name!r} is a {pair.task} pair, not an asr pair", file=sys.stderr)
         return 2
     options = TranscribeOptions(language=None if language == "auto" else language, task=task, dtype=dtype,
-                                use_assistant=use_assistant, compare=compare)
+                                use_assistant=use_assistant, compare=compare, batch_size=batch_size,
+                                timestamps=timestamps or any(f in ("srt", "vtt", "tsv") for f in (formats if out else ())))
     refs = _load_refs(refs_manifest)
+    files = find_audio(paths)
+    if not files:
+        print("tandem: no audio files found in " + ", ".join(paths), file=sys.stderr)
+        return 2
+    tree = OutputTree(out, files, formats, run_signature(pair.name, options)) if out else None
+    todo = [f for f in files if not (tree and f.exists() and tree.is_done(f))]
     if not pair.uses_assistant or not use_assistant:
         mode = "plain decoding" + ("" if use_assistant else " (--no-assistant)")
     else:
         mode = f"drafts from {pair.assistant or 'prompt lookup'}"
-    print(f"pair {pair.name}: {pair.main}, {mode}, {options.dtype or pair.dtype}")
+    print(f"pair {pair.name}: {pair.main}, {mode}, {options.dtype or pair.dtype}, batch {batch_size}")
+    if tree and len(todo) < len(files):
+        print(f"resuming: {len(files) - len(todo)} of {len(files)} files already done in {out}")
     start = time.perf_counter()
     results = []
-    for result in transcribe(paths, pair, options):
-        results.append(result)
-        if result.ok:
-            print(f"{Path(result.path).name}  [{result.duration:.1f} s audio, {result.seconds:.2f} s]  {result.text}")
-        else:
-            print(f"{Path(result.path).name}  FAILED: {result.error}")
+    bar = tqdm(total=len(todo), unit="file", disable=quiet or not todo, file=sys.stderr)
+    interrupted = False
+    try:
+        for result in transcribe(todo, pair, options):
+            results.append(result)
+            if tree:
+                tree.write(result)
+            name = Path(result.path).name
+            line = f"{name}  [{result.duration:.1f} s audio]  {result.text}" if result.ok else f"{name}  FAILED: {result.error}"
+            bar.write(line)
+            audio_done = sum(r.duration for r in results)
+            bar.set_postfix(audio=f"{audio_done:.0f}s", rtf=f"{(time.perf_counter() - start) / max(audio_done, 1e-9):.3f}")
+            bar.update(1)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        bar.close()
     wall = time.perf_counter() - start
     good = [r for r in results if r.ok]
+    failed = [r for r in results if not r.ok]
+    if tree and failed:
+        write_atomic(Path(out) / "failures.tsv", "path\treason\n" + "".join(f"{r.path}\t{r.error}\n" for r in failed))
     audio = sum(r.duration for r in good)
-    print("\nsummary")
-    print(f"  files:           {len(results)} ({len(results) - len(good)} failed)")
+    print("\nsummary" + (" (interrupted: finished files are kept; run again to resume)" if interrupted else ""))
+    print(f"  files:           {len(results)} ({len(failed)} failed)" + (f", {len(files) - len(todo)} skipped (done before)" if len(todo) < len(files) else ""))
     print(f"  audio:           {audio:.1f} s")
     print(f"  wall time:       {wall:.1f} s (decoding {sum(r.seconds for r in good):.1f} s)")
     if audio:
         print(f"  real-time factor: {wall / audio:.3f} (wall / audio; below 1 is faster than real time)")
-    stats = [r.stats for r in good if r.stats is not None]
-    if stats and any(s.drafted for s in stats):
-        drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
-        calls, tokens = sum(s.main_calls for s in stats), sum(s.new_tokens for s in stats)
-        print(f"  acceptance:      {accepted / drafted:.2f} ({accepted}/{drafted} drafts), "
-              f"{tokens / calls:.2f} tokens per main-model call")
+    drafted, accepted = sum(r.drafted for r in good), sum(r.accepted for r in good)
+    calls, tokens = sum(r.main_calls for r in good), sum(r.tokens for r in good)
+    if drafted:
+        print(f"  acceptance:      {accepted / drafted:.2f} of {drafted:.0f} drafts, "
+              f"{tokens / max(calls, 1e-9):.2f} tokens per main-model call")
     compared = [r for r in good if r.plain_seconds is not None]
     if compared:
-        assisted_s = sum(r.seconds for r in compared)
+        assisted_s = sum(r.decode_seconds for r in compared)
         plain_s = sum(r.plain_seconds for r in compared)
         same = sum(bool(r.identical) for r in compared)
-        print(f"  vs plain:        {plain_s / assisted_s:.2f}x ({plain_s:.1f} s plain, {assisted_s:.1f} s assisted), "
-              f"identical outputs {same}/{len(compared)}")
+        print(f"  vs plain:        decoder {plain_s / max(assisted_s, 1e-9):.2f}x faster ({plain_s:.1f} s plain, "
+              f"{assisted_s:.1f} s assisted, encoder excluded), identical outputs {same}/{len(compared)}")
     scored = [(r.text, refs[Path(r.path).stem]) for r in good if Path(r.path).stem in refs]
     if scored:
         score = wer([h for h, _ in scored], [r for _, r in scored], language=options.language or "en")
         print(f"  WER:             {100 * score.value:.2f}% on {score.n} files  [{score.signature}]")
-    return 1 if len(good) < len(results) else 0
+    if failed and tree:
+        print(f"  failures:        {Path(out) / 'failures.tsv'}")
+    if interrupted:
+        return 130
+    return 1 if failed else 0
 
 
 def cmd_transcribe(args: argparse.Namespace) -> int:
+    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
+    from .outputs import FORMATS
+
+    bad = [f for f in formats if f not in FORMATS]
+    if bad:
+        print(f"tandem: unknown format {bad[0]!r}; choose from {', '.join(FORMATS)}", file=sys.stderr)
+        return 2
     return run_transcribe(args.paths, args.pair, args.language, args.task, args.dtype, args.refs, args.models,
-                          use_assistant=not args.no_assistant, compare=args.compare)
+                          use_assistant=not args.no_assistant, compare=args.compare, out=args.out, formats=formats,
+                          batch_size=args.batch_size, timestamps=args.timestamps)
 
 
 def cmd_bench_engine(args: argparse.Namespace) -> int:
     from .bench import bench_engine
 
-    bench_engine(limit=args.limit, json_path=args.json, include_toys=not args.no_toys, end_to_end=args.end_to_end)
+    bench_engine(limit=args.limit, json_path=args.json, include_toys=not args.no_toys, end_to_end=args.end_to_end,
+                 dtype=args.dtype)
     return 0
 
 
@@ -224,6 +263,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", choices=["transcribe", "translate"], default="transcribe")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="compute dtype (default: the pair's)")
     p.add_argument("--refs", metavar="MANIFEST", help="a manifest.jsonl with reference texts: prints WER")
+    p.add_argument("--out", metavar="DIR", help="write outputs here (mirroring the input folders), resumable")
+    p.add_argument("--formats", default="txt", help="comma-separated: txt,json,srt,vtt,tsv (default: txt)")
+    p.add_argument("--batch-size", type=int, default=4, help="files decoded together (default: 4)")
+    p.add_argument("--timestamps", action="store_true", help="timestamp tokens even for clips under 30 s (on for srt/vtt/tsv)")
     p.add_argument("--no-assistant", action="store_true", help="plain decoding with the pair's main model")
     p.add_argument("--compare", action="store_true", help="also decode plainly: speedup and identical-output rate")
     p.set_defaults(func=cmd_transcribe)
@@ -235,6 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", default="reports/bench-engine.json", help="where to write the figures (default: %(default)s)")
     b.add_argument("--no-toys", action="store_true", help="skip the random-weight BART and Llama pairs")
     b.add_argument("--end-to-end", action="store_true", help="time the encoder too (default: decode only, encoder output shared)")
+    b.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="Whisper pairs' dtype (default: float32)")
     b.set_defaults(func=cmd_bench_engine)
 
     p = sub.add_parser("demo", help="the main job on sample audio: build speech-real and transcribe it with WER")

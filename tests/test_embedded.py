@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -88,14 +89,14 @@ def test_derived_assistants_hold_the_chosen_layers(base_dir):
         assert torch.equal(a, b)
 
 
-def test_converted_base_transcribes_real_speech(base_runner, speech_real):
+def test_converted_base_transcribes_real_speech(registry, base_runner, speech_real):
     """The conversion is right when base hears the real recordings: exact words on the clear clips."""
-    from pipelines.asr import TranscribeOptions
-    from pipelines.audio import load_audio
+    from pipelines.asr import TranscribeOptions, transcribe
     from pipelines.metrics import normalize, wer
 
-    options = TranscribeOptions(language="en")
-    hyps = {item["id"]: base_runner.decode(load_audio(item["audio_path"]), options)[0] for item in speech_real}
+    options = TranscribeOptions(language="en", batch_size=6)
+    results = transcribe([i["audio_path"] for i in speech_real], registry.get("whisper-base"), options, base_runner)
+    hyps = {Path(r.path).stem: r.text for r in results}
     refs = {item["id"]: item["reference"] for item in speech_real}
     for clip in ("forever", "goforward", "cards-001", "librivox-sense_and_sensibility_01_austen_64kb-0870"):
         assert normalize(hyps[clip]) == normalize(refs[clip]), (clip, hyps[clip])
