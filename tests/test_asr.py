@@ -1,0 +1,175 @@
+"""The ASR pipeline as a user meets it: a folder of mixed files in one command, outputs and failures,
+resuming, timed segments, and assisted output identical to plain."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from pipelines.asr import Segment, TranscribeOptions, transcribe
+from pipelines.cli import main
+from pipelines.outputs import format_srt, format_vtt
+
+
+def _reencode(src: Path, dest: Path, container: str, codec: str) -> None:
+    import av
+
+    from pipelines.audio import load_audio
+
+    samples = load_audio(src)
+    with av.open(str(dest), "w", format=container) as out:
+        stream = out.add_stream(codec, rate=16000, layout="mono")
+        for i in range(0, len(samples), 1024):
+            frame = av.AudioFrame.from_ndarray(samples[i : i + 1024].reshape(1, -1), format="flt", layout="mono")
+            frame.sample_rate = 16000
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+
+
+@pytest.fixture(scope="module")
+def speech_long():
+    from pipelines.evalsets import build_set, read_manifest
+
+    if shutil.which("flite") is None:
+        pytest.skip("flite (Debian) is not installed")
+    build_set("speech-long")
+    return read_manifest("speech-long")
+
+
+@pytest.fixture(scope="module")
+def mixed_folder(tmp_path_factory, speech_real, speech_long):
+    """wav, flac, mp3, m4a, mp4 (audio track), a corrupt file, an empty file, a text file named .wav,
+    silence and a file over three minutes, some in a subfolder."""
+    folder = tmp_path_factory.mktemp("inbox")
+    clips = {i["id"]: Path(i["audio_path"]) for i in speech_real}
+    shutil.copy(clips["goforward"], folder / "goforward.wav")
+    data, rate = sf.read(clips["forever"])
+    sf.write(folder / "forever.flac", data, rate)
+    sf.write(folder / "cards-001.mp3", sf.read(clips["cards-001"])[0], 16000, format="MP3")
+    (folder / "video").mkdir()
+    _reencode(clips["librivox-sense_and_sensibility_01_austen_64kb-0880"], folder / "video" / "austen.m4a", "ipod", "aac")
+    _reencode(clips["librivox-sense_and_sensibility_01_austen_64kb-0930"], folder / "video" / "austen2.mp4", "mp4", "aac")
+    (folder / "corrupt.mp3").write_bytes(np.random.default_rng(1).bytes(5000))
+    (folder / "empty.wav").write_bytes(b"")
+    (folder / "notes.wav").write_text("meeting notes, not audio\n" * 10)
+    sf.write(folder / "silence.wav", np.zeros(16000 * 5, dtype=np.float32), 16000)
+    long = next(i for i in speech_long if 180 <= i["duration"] <= 300)
+    shutil.copy(long["audio_path"], folder / "long.wav")
+    return folder, long
+
+
+GOOD = {"goforward", "forever", "cards-001", "austen", "austen2", "silence", "long"}
+BAD = {"corrupt": "not an audio file", "empty": "empty file", "notes": "not an audio file"}
+
+
+def test_mixed_folder_in_one_command_then_resume(mixed_folder, tmp_path, capsys):
+    folder, long = mixed_folder
+    out = tmp_path / "out"
+    code = main(["transcribe", str(folder), "--out", str(out), "--formats", "txt,srt,json", "--batch-size", "4"])
+    printed = capsys.readouterr().out
+    assert code == 1  # some files failed
+    for stem in GOOD:
+        base = next(out.rglob(f"{stem}.tandem.json")).with_name(stem)
+        for fmt in ("txt", "srt", "json"):
+            assert base.with_name(f"{stem}.{fmt}").is_file(), (stem, fmt)
+        assert json.loads(base.with_name(f"{stem}.tandem.json").read_text())["status"] == "done"
+    assert (out / "video" / "austen.txt").is_file()  # the input folders are mirrored
+    failures = (out / "failures.tsv").read_text().splitlines()[1:]
+    reasons = {Path(line.split("\t")[0]).stem: line.split("\t")[1] for line in failures}
+    assert set(reasons) == set(BAD)
+    for stem, reason in BAD.items():
+        assert reason in reasons[stem]
+    assert (out / "silence.txt").read_text().strip() == ""  # silence: nothing, not a hallucination
+    assert "go forward 10 meters" in (out / "goforward.txt").read_text().lower()
+    from pipelines.metrics import wer
+
+    assert wer([(out / "long.txt").read_text()], [long["reference"]]).value < 0.15
+    assert "files:           10 (3 failed)" in printed
+
+    # a re-run does nothing for the finished files; the failed ones are tried again
+    code = main(["transcribe", str(folder), "--out", str(out), "--formats", "txt,srt,json"])
+    printed = capsys.readouterr().out
+    assert "resuming: 7 of 10 files already done" in printed and "files:           3 (3 failed)" in printed
+
+    # a half-written file (an output without its record) and a changed source are redone, nothing else
+    (out / "forever.tandem.json").unlink()
+    (out / "goforward.txt").write_text("half")
+    shutil.copy(folder / "goforward.wav", tmp_path / "g.wav")
+    (folder / "goforward.wav").write_bytes((tmp_path / "g.wav").read_bytes())  # same bytes, new mtime
+    code = main(["transcribe", str(folder), "--out", str(out), "--formats", "txt,srt,json"])
+    printed = capsys.readouterr().out
+    assert "resuming: 5 of 10 files already done" in printed
+    assert "Go forward 10 meters" in (out / "goforward.txt").read_text()
+
+
+def test_interrupted_run_resumes_without_redoing(mixed_folder, tmp_path, monkeypatch, capsys):
+    from pipelines import outputs
+
+    folder, _ = mixed_folder
+    out = tmp_path / "out"
+    real_write = outputs.OutputTree.write
+    calls = {"n": 0}
+
+    def write_then_interrupt(self, t):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt  # Ctrl-C while the third result is being written
+        return real_write(self, t)
+
+    monkeypatch.setattr(outputs.OutputTree, "write", write_then_interrupt)
+    inputs = [str(folder / n) for n in ("goforward.wav", "forever.flac", "cards-001.mp3", "silence.wav")]
+    assert main(["transcribe", *inputs, "--out", str(out), "--batch-size", "1"]) == 130
+    assert "interrupted" in capsys.readouterr().out
+    done = sorted(p.name for p in out.glob("*.tandem.json"))
+    assert done == ["forever.tandem.json", "goforward.tandem.json"]
+    monkeypatch.setattr(outputs.OutputTree, "write", real_write)
+    assert main(["transcribe", *inputs, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "resuming: 2 of 4 files already done" in printed and "files:           2 (0 failed)" in printed
+
+
+def _timing_hits(items, results):
+    hits = total = 0
+    for item in items:
+        segs = results[item["audio_path"]].segments
+        for ref in item["segments"]:
+            total += 1
+            hits += any(abs(s.start - ref["start"]) <= 1.0 for s in segs) and any(abs(s.end - ref["end"]) <= 1.0 for s in segs)
+    return hits, total
+
+
+def test_segment_times_follow_the_sentences(registry, base_runner, speech_long):
+    items = [i for i in speech_long if i["duration"] <= 110]  # the two shorter recordings (CI time)
+    results = {r.path: r for r in transcribe([i["audio_path"] for i in items], registry.get("whisper-base"),
+                                             TranscribeOptions(batch_size=2), base_runner)}
+    hits, total = _timing_hits(items, results)
+    assert hits / total >= 0.9, (hits, total)
+
+
+@pytest.mark.slow
+def test_segment_times_on_all_of_speech_long(registry, base_runner, speech_long):
+    results = {r.path: r for r in transcribe([i["audio_path"] for i in speech_long], registry.get("whisper-base"),
+                                             TranscribeOptions(batch_size=5), base_runner)}
+    hits, total = _timing_hits(speech_long, results)
+    assert hits / total >= 0.9, (hits, total)
+
+
+def test_assisted_long_form_is_identical_to_plain(registry, speech_long):
+    """Every 30 s window of a long recording, decoded in a batch with short clips, with the test pair's
+    assistant: the tokens equal plain decoding's, so the transcript and the seeks are the same."""
+    item = min(speech_long, key=lambda i: i["duration"])
+    pair = registry.get("whisper-base+truncated-2l")
+    results = list(transcribe([item["audio_path"]], pair, TranscribeOptions(compare=True, batch_size=2)))
+    assert results[0].identical is True and results[0].drafted > 0 and results[0].plain_seconds > 0
+
+
+def test_subtitle_formats():
+    segs = (Segment(0.0, 1.5, "Hello there."), Segment(61.25, 3723.004, "Bye."))
+    assert format_srt(segs) == ("1\n00:00:00,000 --> 00:00:01,500\nHello there.\n\n"
+                                "2\n00:01:01,250 --> 01:02:03,004\nBye.\n")
+    assert format_vtt(segs).startswith("WEBVTT\n\n00:00:00.000 --> 00:00:01.500\nHello there.\n")
