@@ -307,3 +307,128 @@ def bench_engine(limit: int = 24, json_path: str | None = None, include_toys: bo
         Path(json_path).write_text(json.dumps(report, indent=1))
         log(f"wrote {json_path}")
     return report
+
+
+# ----------------------------------------------------------------------------------------------------
+# tandem bench asr
+
+
+@dataclass(frozen=True)
+class AsrRow:
+    set: str
+    system: str
+    files: int
+    audio_s: float
+    wall_s: float
+    rtf: float  # wall / audio
+    speedup: float  # vs transformers plain float32 on the same files
+    wer: float
+    identical: float | None  # share of files whose transcript equals the same main model's plain greedy (Tandem)
+
+
+def _fw_model(compute_type: str, threads: int, warm_path: str):
+    """faster-whisper on the very same base weights (their CTranslate2 folder), loaded and warmed up."""
+    from faster_whisper import WhisperModel
+
+    from .embedded import ct2_folder
+
+    model = WhisperModel(str(ct2_folder("whisper-base")), device="cpu", compute_type=compute_type, cpu_threads=threads)
+    list(model.transcribe(warm_path, language="en", beam_size=1)[0])
+    return model
+
+
+def _fw_transcribe(model, paths: list[str]) -> list[str]:
+    out = []
+    for p in paths:
+        segments, _ = model.transcribe(p, language="en", beam_size=1, temperature=0.0, condition_on_previous_text=False)
+        out.append(" ".join(s.text.strip() for s in segments).strip())
+    return out
+
+
+def _hf_transcribe(paths: list[str], runner, assistant) -> list[str]:
+    """transformers' own generate (short-form, or its sequential long-form with timestamps)."""
+    from .asr import WINDOW
+    from .audio import SAMPLE_RATE, load_audio
+
+    model, tok = runner.model, runner.tokenizer
+    out = []
+    for p in paths:
+        audio = load_audio(p)
+        long = len(audio) > WINDOW
+        feats = runner.features(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt", truncation=not long,
+                                padding="longest" if long else "max_length", return_attention_mask=long)
+        kwargs = dict(do_sample=False, num_beams=1, language="en", task="transcribe")
+        if long:
+            kwargs.update(attention_mask=feats.attention_mask, return_timestamps=True)
+        if assistant is not None:
+            kwargs["assistant_model"] = assistant
+        with torch.inference_mode():
+            ids = model.generate(feats.input_features.to(model.dtype), **kwargs)
+        ids = ids["sequences"] if isinstance(ids, dict) else ids
+        out.append(tok.decode(ids[0], skip_special_tokens=True).strip())
+    return out
+
+
+def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synth", "speech-long"), limit: int = 60,
+              batch_size: int = 8, json_path: str | None = None, log=print) -> dict:
+    from .asr import TranscribeOptions, WhisperRunner, transcribe
+    from .evalsets import build_set, read_manifest
+    from .metrics import wer
+    from .registry import load_registry
+
+    pair = load_registry().get(pair_name)
+    threads = torch.get_num_threads()
+    log(f"environment: {environment()}")
+    log(f"pair: {pair.name} ({pair.main}, assistant {pair.assistant or 'none'}); Tandem batch {batch_size}")
+    log(f"{'set':13s} {'system':34s} {'files':>5s} {'audio s':>8s} {'wall s':>7s} {'RTF':>6s} {'speedup':>8s} {'WER':>6s} {'identical':>9s}")
+    runners = {d: WhisperRunner(pair, d) for d in ("float32", "bfloat16")}
+    rows: list[AsrRow] = []
+    for set_name in sets:
+        build_set(set_name)
+        items = read_manifest(set_name)[:limit]
+        paths = [i["audio_path"] for i in items]
+        refs = [i["reference"] for i in items]
+        audio_s = sum(i["duration"] for i in items)
+        results: dict[str, tuple[list[str], float]] = {}
+
+        def timed(name, fn):
+            start = time.perf_counter()
+            texts = fn()
+            results[name] = (texts, time.perf_counter() - start)
+
+        timed("transformers plain float32", lambda: _hf_transcribe(paths, runners["float32"], None))
+        if runners["float32"].loaded.assistant_model is not None:
+            timed("transformers assisted float32", lambda: _hf_transcribe(paths, runners["float32"], runners["float32"].loaded.assistant_model))
+        try:
+            for compute in ("int8", "float32"):
+                fw = _fw_model(compute, threads, paths[0])
+                timed(f"faster-whisper {compute}", lambda m=fw: _fw_transcribe(m, paths))
+                del fw
+        except ImportError:
+            log("faster-whisper is not installed (pip install 'tandem-pipelines[bench]'): its rows are left out")
+        for dtype in ("float32", "bfloat16"):
+            for assisted in (False, True):
+                if assisted and not pair.uses_assistant:
+                    continue
+                opts = TranscribeOptions(use_assistant=assisted, batch_size=batch_size, dtype=dtype)
+                name = f"tandem {'assisted' if assisted else 'plain'} {dtype}"
+                timed(name, lambda o=opts, d=dtype: [r.text for r in sorted(
+                    transcribe(paths, pair, o, runners[d]), key=lambda r: paths.index(r.path))])
+        base_wall = results["transformers plain float32"][1]
+        for name, (texts, wall) in results.items():
+            ident = None
+            if name.startswith("tandem"):
+                plain = results[f"tandem plain {name.split()[-1]}"][0]
+                ident = sum(a == b for a, b in zip(texts, plain)) / len(texts)
+            row = AsrRow(set_name, name, len(paths), audio_s, wall, wall / audio_s, base_wall / wall,
+                         wer(texts, refs).value, ident)
+            rows.append(row)
+            idt = f"{100 * ident:8.0f}%" if ident is not None else f"{'-':>9s}"
+            log(f"{set_name:13s} {name:34s} {row.files:5d} {audio_s:8.1f} {wall:7.1f} {row.rtf:6.3f} {row.speedup:7.2f}x "
+                f"{100 * row.wer:5.1f}% {idt}")
+    report = {"environment": environment(), "pair": pair.name, "batch_size": batch_size, "rows": [asdict(r) for r in rows]}
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(report, indent=1))
+        log(f"wrote {json_path}")
+    return report

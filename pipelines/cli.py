@@ -219,6 +219,14 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_asr(args: argparse.Namespace) -> int:
+    from .bench import bench_asr
+
+    sets = tuple(x.strip() for x in args.sets.split(",") if x.strip())
+    bench_asr(args.pair, sets, args.limit, args.batch_size, args.json)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Build the real-speech sample set and transcribe it on the default ASR pair."""
     from .evalsets import MANIFEST, build_set
@@ -280,6 +288,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--end-to-end", action="store_true", help="time the encoder too (default: decode only, encoder output shared)")
     b.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="Whisper pairs' dtype (default: float32)")
     b.set_defaults(func=cmd_bench_engine)
+    b = bench_sub.add_parser("asr", help="faster-whisper, transformers, Tandem plain/assisted in float32 and bfloat16, same files")
+    b.add_argument("--pair", default="whisper-base", help="asr pair (default: %(default)s)")
+    b.add_argument("--sets", default="speech-real,speech-synth,speech-long", help="comma-separated sets (default: %(default)s)")
+    b.add_argument("--limit", type=int, default=60, help="files per set at most (default: %(default)s)")
+    b.add_argument("--batch-size", type=int, default=8, help="Tandem's files per batch (default: %(default)s)")
+    b.add_argument("--json", default="reports/bench-asr.json", help="where to write the figures (default: %(default)s)")
+    b.set_defaults(func=cmd_bench_asr)
 
     p = sub.add_parser("demo", help="the main job on sample audio: build speech-real and transcribe it with WER")
     p.set_defaults(func=cmd_demo)
