@@ -187,17 +187,25 @@ def segments_from_tokens(tokens: list[int], timestamp_begin: int, offset: float,
     return segments, advance
 
 
+def voiced_frames(audio: np.ndarray) -> np.ndarray:
+    """Per 10 ms frame: louder than 5% of the window's loud frames (95th percentile RMS) and than 1e-3 RMS."""
+    hop = SAMPLE_RATE // 100
+    n = len(audio) // hop
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    rms = np.sqrt(np.mean(np.square(audio[: n * hop].reshape(n, hop)), axis=1))
+    return rms > max(1e-3, 0.05 * float(np.percentile(rms, 95)))
+
+
 def tighten_segments(segments: list[Segment], audio: np.ndarray, offset: float, margin: float = 0.1) -> list[Segment]:
     """Whisper's segments run from one timestamp to the next, pauses included. Move each start forward to
     the first voiced 10 ms frame in the segment and each end back to the last one (keeping ``margin``
-    seconds), where voiced means louder than 5% of the window's loud frames (and above 1e-3 RMS).
+    seconds), voiced as ``voiced_frames`` says.
     Segments only ever shrink, and one with no voiced frame is left as it is."""
-    hop = SAMPLE_RATE // 100
-    n = len(audio) // hop
+    voiced = voiced_frames(audio)
+    n = len(voiced)
     if n == 0 or not segments:
         return segments
-    rms = np.sqrt(np.mean(np.square(audio[: n * hop].reshape(n, hop)), axis=1))
-    voiced = rms > max(1e-3, 0.05 * float(np.percentile(rms, 95)))
     out = []
     for seg in segments:
         a = max(0, int((seg.start - offset) * 100))
@@ -233,12 +241,10 @@ def split_at_pauses(segments: list[Segment], audio: np.ndarray, offset: float, m
     """Whisper sometimes puts several sentences in one segment. When a segment's audio has exactly as many
     voiced stretches (separated by pauses of ``min_gap`` seconds or more) as its text has sentences, give
     each sentence its own stretch; otherwise keep the segment."""
-    hop = SAMPLE_RATE // 100
-    n = len(audio) // hop
+    voiced = voiced_frames(audio)
+    n = len(voiced)
     if n == 0:
         return segments
-    rms = np.sqrt(np.mean(np.square(audio[: n * hop].reshape(n, hop)), axis=1))
-    voiced = rms > max(1e-3, 0.05 * float(np.percentile(rms, 95)))
     out: list[Segment] = []
     for seg in segments:
         sentences = [x for x in _SENTENCE_END.split(seg.text) if x.strip()]

@@ -151,7 +151,6 @@ def _run_tandem(w: Workload, engine: AssistedDecoder, rules_for: Callable[[list[
         toks, st = run(w.items[s : s + batch])
         outs += toks
         stats.append(st)
-    assert not is_causal or all(True for _ in outs)
     return outs, time.perf_counter() - start, stats
 
 
