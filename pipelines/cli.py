@@ -211,6 +211,67 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
                           batch_size=args.batch_size, timestamps=args.timestamps)
 
 
+def _read_texts(args: argparse.Namespace) -> list[str]:
+    texts = list(args.text or [])
+    for name in args.file or []:
+        texts.append(Path(name).read_text(encoding="utf-8"))
+    if not texts and not sys.stdin.isatty():
+        texts.append(sys.stdin.read())
+    return texts
+
+
+def cmd_text(args: argparse.Namespace) -> int:
+    from .metrics import bleu, chrf, rouge
+    from .registry import load_registry
+    from .text import TextInputError, TextOptions, run_text
+
+    task = args.command
+    registry = load_registry(args.models)
+    pair = registry.get(args.pair) if args.pair else registry.default(task)
+    texts = _read_texts(args)
+    if not texts:
+        print(f"tandem: nothing to {task}: give TEXT, --file or standard input", file=sys.stderr)
+        return 2
+    options = TextOptions(src=getattr(args, "src", None), tgt=getattr(args, "tgt", None),
+                          max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                          use_assistant=not args.no_assistant, compare=args.compare,
+                          long_input=getattr(args, "long_input", "chunk"))
+    try:
+        results = run_text(pair, task, texts, options)
+    except TextInputError as exc:
+        print(f"tandem: {exc}", file=sys.stderr)
+        return 2
+    for r in results:
+        for note in r.notes:
+            print(f"note: {note}", file=sys.stderr)
+        print(r.output)
+    tokens = sum(r.tokens for r in results)
+    seconds = sum(r.seconds for r in results)
+    drafted, accepted = sum(r.drafted for r in results), sum(r.accepted for r in results)
+    calls = sum(r.main_calls for r in results)
+    summary = [f"{len(results)} input(s), {tokens} tokens in {seconds:.2f} s ({tokens / max(seconds, 1e-9):.1f} tok/s), "
+               f"{tokens / max(calls, 1e-9):.2f} tokens per main-model call"]
+    if drafted:
+        summary.append(f"acceptance {accepted / drafted:.2f}")
+    compared = [r for r in results if r.plain_seconds is not None]
+    if compared:
+        plain_s = sum(r.plain_seconds for r in compared)
+        summary.append(f"vs plain {plain_s / max(seconds, 1e-9):.2f}x, identical {sum(bool(r.identical) for r in compared)}/{len(compared)}")
+    if args.refs:
+        refs = [Path(f).read_text(encoding="utf-8").strip() for f in args.refs]
+        hyps = [r.output for r in results]
+        if len(refs) != len(hyps):
+            print(f"tandem: {len(refs)} references for {len(hyps)} inputs", file=sys.stderr)
+            return 2
+        if task == "translate":
+            summary.append(f"BLEU {bleu(hyps, refs).value:.1f}, chrF {chrf(hyps, refs).value:.1f}")
+        else:
+            scores = rouge(hyps, refs)
+            summary.append("ROUGE-1/2/L " + "/".join(f"{scores[k].value:.3f}" for k in ("rouge1", "rouge2", "rougeL")))
+    print("summary: " + "; ".join(summary), file=sys.stderr)
+    return 0
+
+
 def cmd_bench_engine(args: argparse.Namespace) -> int:
     from .bench import bench_engine
 
@@ -278,6 +339,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-assistant", action="store_true", help="plain decoding with the pair's main model")
     p.add_argument("--compare", action="store_true", help="also decode plainly: speedup and identical-output rate")
     p.set_defaults(func=cmd_transcribe)
+
+    for task, helptext in (("translate", "translate text (sentences batched through the engine)"),
+                           ("summarize", "summarize text (chunked when longer than the model's input)")):
+        p = sub.add_parser(task, help=helptext)
+        p.add_argument("text", nargs="*", metavar="TEXT", help="texts (or --file, or standard input)")
+        p.add_argument("--file", action="append", metavar="FILE", help="read a text from FILE (repeatable)")
+        p.add_argument("--pair", help=f"{task} pair from the registry (default: the registry's {task} default)")
+        if task == "translate":
+            p.add_argument("--src", help="source language token of the pair (e.g. eng_Latn)")
+            p.add_argument("--tgt", help="target language token of the pair (e.g. fra_Latn)")
+        else:
+            p.add_argument("--long-input", choices=["chunk", "truncate"], default="chunk",
+                           help="text longer than the model's input: summarise in chunks (default) or truncate")
+        p.add_argument("--max-new-tokens", type=int, help="per sentence/chunk (default: the model's)")
+        p.add_argument("--batch-size", type=int, default=8)
+        p.add_argument("--no-assistant", action="store_true", help="plain decoding with the main model")
+        p.add_argument("--compare", action="store_true", help="also decode plainly: speedup and identical outputs")
+        p.add_argument("--refs", action="append", metavar="FILE", help="reference text per input: BLEU/chrF or ROUGE")
+        p.set_defaults(func=cmd_text)
 
     p = sub.add_parser("bench", help="side-by-side speed benchmarks (tables + JSON)")
     bench_sub = p.add_subparsers(dest="bench_command", required=True)

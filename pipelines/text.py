@@ -1,0 +1,204 @@
+"""Translation and summarization: text in, text out (preprocess -> engine -> postprocess).
+
+preprocess   translation: split into paragraphs and sentences, each one a batch row; summarization: the
+             whole document, or (when longer than the model's input window) chunks of whole sentences
+             that fit, summarised one by one and joined (said in the result's notes), or truncated
+decode       Tandem's engine, several rows per batch, drafting as the pair says (assistant, prompt lookup)
+postprocess  detokenise and rejoin in the input's layout
+
+Greedy decoding throughout (lossless against the main model's own greedy output). Language codes for
+translation are the tokens of the pair's tokenizer (e.g. ``fra_Latn`` for NLLB) and must be among the
+pair's ``languages``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .engine import DecodeOptions, rules_from_generation_config
+from .pairs import load_pair
+from .registry import Pair
+
+_SENTENCE = re.compile(r"(?<=[.!?。！？])\s+")
+MAX_INPUT_CHARS = 200_000  # a larger input is refused with a clear message
+
+
+class TextInputError(ValueError):
+    """The input text or the languages cannot be used; the message says why."""
+
+
+@dataclass(frozen=True)
+class TextOptions:
+    src: str | None = None  # source language token (translation pairs with languages)
+    tgt: str | None = None  # target language token
+    max_new_tokens: int | None = None  # per row; None: the model's generation config (max_length), else 256
+    batch_size: int = 8
+    use_assistant: bool = True
+    compare: bool = False  # also decode plainly: time it and check identical outputs
+    long_input: str = "chunk"  # summarization of over-long inputs: "chunk" (and join) or "truncate"
+
+
+@dataclass(frozen=True)
+class TextResult:
+    input: str
+    output: str
+    rows: int  # sentences or chunks decoded
+    tokens: int
+    main_calls: float
+    drafted: float
+    accepted: float
+    seconds: float
+    plain_seconds: float | None = None
+    identical: bool | None = None
+    notes: tuple[str, ...] = ()  # what was done to the input (chunking, truncation)
+
+
+def split_sentences(text: str) -> list[list[str]]:
+    """Paragraphs (blank-line separated) of sentences."""
+    paragraphs = [p for p in re.split(r"\n\s*\n", text.strip()) if p.strip()]
+    return [[s.strip() for s in _SENTENCE.split(" ".join(p.split())) if s.strip()] for p in paragraphs]
+
+
+class TextRunner:
+    """One pair loaded for translation or summarization; shared, never mutated per request."""
+
+    def __init__(self, pair: Pair, dtype: str | None = None) -> None:
+        if pair.task not in ("translate", "summarize"):
+            raise TextInputError(f"pair {pair.name!r} is a {pair.task} pair")
+        self.pair = pair
+        self.loaded = load_pair(pair, dtype)
+        self.tok = self.loaded.tokenizer
+        self.model = self.loaded.main_model
+        self.gen = self.model.generation_config
+        self.input_limit = min(getattr(self.model.config, "max_position_embeddings", 1024) or 1024,
+                               getattr(self.tok, "model_max_length", 10**9) or 10**9)
+
+    # -- preprocess
+    def _lang_id(self, code: str | None, which: str) -> int | None:
+        if not self.pair.languages:
+            if code:
+                raise TextInputError(f"pair {self.pair.name!r} translates one direction only; drop --{which}")
+            return None
+        if not code:
+            raise TextInputError(f"pair {self.pair.name!r} needs --{which} (one of {', '.join(self.pair.languages)})")
+        if code not in self.pair.languages:
+            raise TextInputError(f"--{which} {code!r} is not one of the pair's languages: {', '.join(self.pair.languages)}")
+        tid = self.tok.convert_tokens_to_ids(code)
+        if tid is None or tid == self.tok.unk_token_id:
+            raise TextInputError(f"language {code!r} is not a token of the pair's tokenizer")
+        return int(tid)
+
+    def _source_ids(self, text: str, src_id: int | None) -> list[int]:
+        if src_id is None:
+            ids = self.tok(text, truncation=False).input_ids
+        else:  # NLLB / M2M100 layout: <src_lang> tokens </s>
+            ids = [src_id] + self.tok(text, add_special_tokens=False).input_ids + [self.tok.eos_token_id]
+        return list(ids)
+
+    def _prompt(self, tgt_id: int | None) -> list[int]:
+        start = self.gen.decoder_start_token_id
+        if start is None:
+            start = self.model.config.decoder_start_token_id
+        return [int(start)] + ([tgt_id] if tgt_id is not None else [])
+
+    # -- decode
+    def _decode(self, sources: list[list[int]], prompt: list[int], options: TextOptions):
+        import torch
+
+        max_new = options.max_new_tokens or (self.gen.max_length if self.gen.max_length and self.gen.max_length != 20 else 256)
+        rules = rules_from_generation_config(self.gen, len(prompt), max_new)
+        engine = self.loaded.engine if options.use_assistant else self.loaded.plain
+        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
+        outputs, stats, plain_s, identical = [], [], 0.0, True
+        for s in range(0, len(sources), max(1, options.batch_size)):
+            batch = sources[s : s + options.batch_size]
+            width = max(len(b) for b in batch)
+            ids = torch.full((len(batch), width), pad, dtype=torch.long)
+            mask = torch.zeros(len(batch), width, dtype=torch.long)
+            for i, b in enumerate(batch):
+                ids[i, : len(b)], mask[i, : len(b)] = torch.tensor(b), 1
+            result = engine.generate([prompt] * len(batch), rules,
+                                     DecodeOptions(max_new_tokens=max_new,
+                                                   compare_plain=options.compare and options.use_assistant),
+                                     encoder_inputs={"input_ids": ids, "attention_mask": mask})
+            outputs += [list(t) for t in result.tokens]
+            stats.append(result.stats)
+            if result.identical is not None:
+                identical = identical and all(result.identical)
+                plain_s += result.plain_stats.total_s
+        return outputs, stats, (plain_s if options.compare and options.use_assistant else None), \
+            (identical if options.compare and options.use_assistant else None)
+
+    def _text(self, tokens: list[int]) -> str:
+        return self.tok.decode(tokens, skip_special_tokens=True).strip()
+
+    @staticmethod
+    def _check(text: str) -> None:
+        if not text or not text.strip():
+            raise TextInputError("the input is empty")
+        if len(text) > MAX_INPUT_CHARS:
+            raise TextInputError(f"the input has {len(text):,} characters; the limit is {MAX_INPUT_CHARS:,}")
+
+    def _result(self, text, output, rows, outs, stats, plain_s, identical, notes=()) -> TextResult:
+        return TextResult(
+            text, output, rows, sum(len(o) for o in outs), sum(s.main_calls for s in stats),
+            sum(s.drafted for s in stats), sum(s.accepted for s in stats), sum(s.total_s for s in stats),
+            plain_s, identical, tuple(notes),
+        )
+
+    # -- the tasks
+    def translate(self, text: str, options: TextOptions = TextOptions()) -> TextResult:
+        self._check(text)
+        src_id, tgt_id = self._lang_id(options.src, "src"), self._lang_id(options.tgt, "tgt")
+        paragraphs = split_sentences(text)
+        flat = [s for p in paragraphs for s in p]
+        outs, stats, plain_s, identical = self._decode([self._source_ids(s, src_id) for s in flat],
+                                                       self._prompt(tgt_id), options)
+        it = iter(self._text(o) for o in outs)
+        output = "\n\n".join(" ".join(next(it) for _ in p) for p in paragraphs)
+        return self._result(text, output, len(flat), outs, stats, plain_s, identical)
+
+    def summarize(self, text: str, options: TextOptions = TextOptions()) -> TextResult:
+        self._check(text)
+        if options.src or options.tgt:
+            raise TextInputError("summarization takes no --src/--tgt")
+        ids = self._source_ids(text, None)
+        notes: list[str] = []
+        if len(ids) <= self.input_limit:
+            sources = [ids]
+        elif options.long_input == "truncate":
+            sources = [ids[: self.input_limit - 1] + [self.tok.eos_token_id]]
+            notes.append(f"input of {len(ids)} tokens truncated to the model's {self.input_limit}")
+        else:
+            sources = self._chunks(text)
+            notes.append(f"input of {len(ids)} tokens is longer than the model's {self.input_limit}: "
+                         f"summarised in {len(sources)} chunks of whole sentences, joined in order")
+        outs, stats, plain_s, identical = self._decode(sources, self._prompt(None), options)
+        output = " ".join(self._text(o) for o in outs)
+        return self._result(text, output, len(sources), outs, stats, plain_s, identical, notes)
+
+    def _chunks(self, text: str) -> list[list[int]]:
+        """Whole sentences packed into inputs that fit the window (a sentence longer than it is cut)."""
+        chunks, current = [], []
+        budget = self.input_limit - 2
+        for sentence in [s for p in split_sentences(text) for s in p]:
+            piece = self.tok(" " + sentence, add_special_tokens=False).input_ids[:budget]
+            if current and len(current) + len(piece) > budget:
+                chunks.append(current)
+                current = []
+            current = current + piece
+        if current:
+            chunks.append(current)
+        wrap = self.tok.build_inputs_with_special_tokens if hasattr(self.tok, "build_inputs_with_special_tokens") else None
+        return [list(wrap(c)) if wrap else c + [self.tok.eos_token_id] for c in chunks]
+
+
+def run_text(pair: Pair, task: str, texts: list[str], options: TextOptions = TextOptions(),
+             runner: TextRunner | None = None) -> list[TextResult]:
+    """The Python API behind ``tandem translate`` and ``tandem summarize``."""
+    runner = runner or TextRunner(pair)
+    if pair.task != task:
+        raise TextInputError(f"pair {pair.name!r} is a {pair.task} pair, not a {task} pair")
+    fn = runner.translate if task == "translate" else runner.summarize
+    return [fn(t, options) for t in texts]
