@@ -272,6 +272,18 @@ def cmd_text(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .evaluation import evaluate, format_report, write_report
+
+    report = evaluate(args.task, args.pair, args.set, limit=args.limit, repeats=args.repeats, dtype=args.dtype,
+                      models=args.models)
+    print(format_report(report))
+    if args.json:
+        write_report(report, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
 def cmd_bench_engine(args: argparse.Namespace) -> int:
     from .bench import bench_engine
 
@@ -358,6 +370,16 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--compare", action="store_true", help="also decode plainly: speedup and identical outputs")
         p.add_argument("--refs", action="append", metavar="FILE", help="reference text per input: BLEU/chrF or ROUGE")
         p.set_defaults(func=cmd_text)
+
+    p = sub.add_parser("eval", help="quality and latency of plain vs assisted decoding for one pair and set (JSON)")
+    p.add_argument("--task", required=True, choices=["asr", "translate", "summarize"])
+    p.add_argument("--pair", required=True, help="pair from the registry")
+    p.add_argument("--set", required=True, help="evaluation set (tandem data build SET)")
+    p.add_argument("--limit", type=int, help="first N items only")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved timed runs per mode (default: 3)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="compute dtype (default: the pair's)")
+    p.add_argument("--json", metavar="FILE", help="write the report (schema tandem-eval/1) here")
+    p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("bench", help="side-by-side speed benchmarks (tables + JSON)")
     bench_sub = p.add_subparsers(dest="bench_command", required=True)

@@ -132,3 +132,15 @@ def test_cli_summarize_from_stdin(models_file, monkeypatch, capsys):
     captured = capsys.readouterr()
     assert code == 0 and captured.out.strip()
     assert "identical 1/1" in captured.err and "tokens per main-model call" in captured.err
+
+
+def test_eval_report_for_text_tasks(models_file):
+    from pipelines.evaluation import SCHEMA, evaluate
+
+    report = evaluate("summarize", "bart-pair", "summarize-own", limit=2, repeats=1, models=str(models_file))
+    assert report["schema"] == SCHEMA and report["identical_rate"] == 1.0
+    assert set(report["quality"]["plain"]) == {"rouge1", "rouge2", "rougeL"}
+    items = [{"id": "x", "input": "The train leaves at seven.", "reference": "Le train part a sept heures.",
+              "source_lang": "eng_Latn", "target_lang": "fra_Latn"}]
+    report = evaluate("translate", "m2m_100-pair", "inline", repeats=1, models=str(models_file), items=items)
+    assert set(report["quality"]["assisted"]) == {"bleu", "chrf"} and report["items"] == 1

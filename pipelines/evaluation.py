@@ -1,0 +1,170 @@
+"""``tandem eval``: quality and latency of plain and assisted decoding for one (task, pair, set), in one run.
+
+Quality: the task's metrics (WER/CER for asr, BLEU/chrF for translate, ROUGE for summarize), each with its
+signature, for plain and for assisted decoding, and the share of items whose assisted output is identical
+to plain greedy. Latency: both modes warmed up, then run interleaved (plain, assisted, plain, ...) over the
+whole set ``repeats`` times; median, min and max per mode, and the speedup of the medians. Plus acceptance,
+main-model calls per token, peak memory and an environment signature. Every task writes the same schema
+(``SCHEMA`` below).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+SCHEMA = "tandem-eval/1"
+# {
+#   "schema": "tandem-eval/1", "task": str, "pair": str, "set": str, "items": int, "dtype": str,
+#   "quality": {"plain": {metric: {"name", "value", "signature", "n"}}, "assisted": {...}},
+#   "identical_rate": float,                      # assisted output == plain output, share of items
+#   "latency": {"plain": {"median_s", "min_s", "max_s", "runs_s": [...]}, "assisted": {...},
+#               "speedup": float, "repeats": int},  # speedup = plain median / assisted median
+#   "acceptance": float | null, "calls_per_token": float | null, "tokens": int,
+#   "peak_memory_mb": float, "environment": {...}
+# }
+
+
+def environment(dtype: str) -> dict:
+    import torch
+    import transformers
+
+    from . import __version__
+    from .bench import environment as env
+
+    commit = None
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return {**env(), "tandem": __version__, "dtype": dtype, "git_commit": commit, "platform": platform.platform(),
+            "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def _spread(runs: list[float]) -> dict:
+    return {"median_s": statistics.median(runs), "min_s": min(runs), "max_s": max(runs), "runs_s": runs}
+
+
+def _asr_runner(pair, items, dtype):
+    from .asr import TranscribeOptions, WhisperRunner, transcribe
+    from .metrics import cer, wer
+
+    runner = WhisperRunner(pair, dtype)
+    paths = [i["audio_path"] for i in items]
+    refs = [i["reference"] for i in items]
+
+    def run(assisted: bool):
+        results = {r.path: r for r in transcribe(paths, pair, TranscribeOptions(use_assistant=assisted, batch_size=4), runner)}
+        ordered = [results[p] for p in paths]
+        bad = [r for r in ordered if not r.ok]
+        if bad:
+            raise RuntimeError(f"{bad[0].path}: {bad[0].error}")
+        stats = (sum(r.tokens for r in ordered), sum(r.main_calls for r in ordered),
+                 sum(r.drafted for r in ordered), sum(r.accepted for r in ordered))
+        return [r.text for r in ordered], stats
+
+    def score(texts):
+        return {"wer": wer(texts, refs).to_dict(), "cer": cer(texts, refs).to_dict()}
+
+    return run, score
+
+
+# translate-udhr's ISO 639-3 codes -> the FLORES-200 tokens NLLB uses
+NLLB_CODES = {"eng": "eng_Latn", "deu": "deu_Latn", "fra": "fra_Latn", "spa": "spa_Latn", "ita": "ita_Latn",
+              "por": "por_Latn", "rus": "rus_Cyrl", "nld": "nld_Latn"}
+
+
+def _text_runner(pair, task, items, dtype):
+    from .metrics import bleu, chrf, rouge
+    from .text import TextOptions, TextRunner
+
+    runner = TextRunner(pair, dtype)
+    refs = [i["reference"] for i in items]
+
+    def run(assisted: bool):
+        outs = []
+        for item in items:
+            src = tgt = None
+            if task == "translate" and pair.languages:
+                src = NLLB_CODES.get(item.get("source_lang"), item.get("source_lang"))
+                tgt = NLLB_CODES.get(item.get("target_lang"), item.get("target_lang"))
+            options = TextOptions(use_assistant=assisted, src=src, tgt=tgt)
+            outs.append(runner.translate(item["input"], options) if task == "translate" else runner.summarize(item["input"], options))
+        stats = (sum(r.tokens for r in outs), sum(r.main_calls for r in outs),
+                 sum(r.drafted for r in outs), sum(r.accepted for r in outs))
+        return [r.output for r in outs], stats
+
+    def score(texts):
+        if task == "translate":
+            return {"bleu": bleu(texts, refs).to_dict(), "chrf": chrf(texts, refs).to_dict()}
+        return {k: v.to_dict() for k, v in rouge(texts, refs).items()}
+
+    return run, score
+
+
+def evaluate(task: str, pair_name: str, set_name: str, limit: int | None = None, repeats: int = 3,
+             dtype: str | None = None, models: str | None = None, items: list[dict] | None = None) -> dict:
+    """Run one evaluation and return the report (see SCHEMA)."""
+    from .evalsets import build_set, read_manifest
+    from .registry import load_registry
+
+    pair = load_registry(models).get(pair_name)
+    if pair.task != task:
+        raise ValueError(f"pair {pair.name!r} is a {pair.task} pair, not a {task} pair")
+    if items is None:
+        build_set(set_name)
+        items = read_manifest(set_name)
+    items = items[:limit] if limit else items
+    dtype = dtype or pair.dtype
+    run, score = _asr_runner(pair, items, dtype) if task == "asr" else _text_runner(pair, task, items, dtype)
+
+    run(False), run(True)  # warm-up: caches, lazy imports, first-call allocations
+    outputs: dict[bool, list[str]] = {}
+    stats: dict[bool, tuple] = {}
+    runs: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(max(1, repeats)):
+        for assisted in (False, True):  # interleaved, so drift hits both modes alike
+            start = time.perf_counter()
+            outputs[assisted], stats[assisted] = run(assisted)
+            runs[assisted].append(time.perf_counter() - start)
+    tokens, calls, drafted, accepted = stats[True]
+    plain, assisted = _spread(runs[False]), _spread(runs[True])
+    return {
+        "schema": SCHEMA, "task": task, "pair": pair.name, "set": set_name, "items": len(items), "dtype": dtype,
+        "quality": {"plain": score(outputs[False]), "assisted": score(outputs[True])},
+        "identical_rate": sum(a == b for a, b in zip(outputs[True], outputs[False])) / len(items),
+        "latency": {"plain": plain, "assisted": assisted, "speedup": plain["median_s"] / assisted["median_s"],
+                    "repeats": max(1, repeats)},
+        "acceptance": accepted / drafted if drafted else None,
+        "calls_per_token": calls / tokens if tokens else None,
+        "tokens": tokens,
+        "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "environment": environment(dtype),
+    }
+
+
+def format_report(r: dict) -> str:
+    lines = [f"{r['task']} | pair {r['pair']} | set {r['set']} ({r['items']} items) | {r['dtype']}"]
+    for mode in ("plain", "assisted"):
+        q = ", ".join(f"{k} {v['value']:.4f}" for k, v in r["quality"][mode].items())
+        lat = r["latency"][mode]
+        lines.append(f"  {mode:8s} {q} | median {lat['median_s']:.2f} s (min {lat['min_s']:.2f}, max {lat['max_s']:.2f})")
+    acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
+    cpt = f"{r['calls_per_token']:.2f}" if r["calls_per_token"] is not None else "-"
+    lines.append(f"  speedup {r['latency']['speedup']:.2f}x | identical {100 * r['identical_rate']:.0f}% | acceptance {acc} "
+                 f"| main calls/token {cpt} | peak memory {r['peak_memory_mb']:.0f} MB")
+    sig = next(iter(r["quality"]["plain"].values()))["signature"]
+    lines.append(f"  signature: {sig}")
+    return "\n".join(lines)
+
+
+def write_report(report: dict, path: str | Path) -> None:
+    from .outputs import write_atomic
+
+    write_atomic(Path(path), json.dumps(report, indent=1))
