@@ -198,12 +198,11 @@ def voiced_frames(audio: np.ndarray) -> np.ndarray:
     return rms > max(1e-3, 0.05 * float(np.percentile(rms, 95)))
 
 
-def tighten_segments(segments: list[Segment], audio: np.ndarray, offset: float, margin: float = 0.1) -> list[Segment]:
+def tighten_segments(segments: list[Segment], voiced: np.ndarray, offset: float, margin: float = 0.1) -> list[Segment]:
     """Whisper's segments run from one timestamp to the next, pauses included. Move each start forward to
     the first voiced 10 ms frame in the segment and each end back to the last one (keeping ``margin``
-    seconds), voiced as ``voiced_frames`` says.
+    seconds), ``voiced`` being the window's ``voiced_frames``.
     Segments only ever shrink, and one with no voiced frame is left as it is."""
-    voiced = voiced_frames(audio)
     n = len(voiced)
     if n == 0 or not segments:
         return segments
@@ -237,12 +236,11 @@ def tighten_segments(segments: list[Segment], audio: np.ndarray, offset: float, 
 _SENTENCE_END = __import__("re").compile(r"(?<=[.!?])\s+")
 
 
-def split_at_pauses(segments: list[Segment], audio: np.ndarray, offset: float, min_gap: float = 0.3,
+def split_at_pauses(segments: list[Segment], voiced: np.ndarray, offset: float, min_gap: float = 0.3,
                     margin: float = 0.1) -> list[Segment]:
     """Whisper sometimes puts several sentences in one segment. When a segment's audio has exactly as many
     voiced stretches (separated by pauses of ``min_gap`` seconds or more) as its text has sentences, give
-    each sentence its own stretch; otherwise keep the segment."""
-    voiced = voiced_frames(audio)
+    each sentence its own stretch; otherwise keep the segment. ``voiced``: the window's ``voiced_frames``."""
     n = len(voiced)
     if n == 0:
         return segments
@@ -391,7 +389,8 @@ def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptio
             else:
                 text = runner.tokenizer.decode(tokens, skip_special_tokens=True).strip()
                 segs, advance = ([Segment(round(offset, 2), round(offset + length, 2), text)] if text else []), length
-            cur.segments += split_at_pauses(tighten_segments(segs, audio, offset), audio, offset)
+            voiced = voiced_frames(audio)
+            cur.segments += split_at_pauses(tighten_segments(segs, voiced, offset), voiced, offset)
             cur.seek += max(1, int(round(advance * SAMPLE_RATE)))
             cur.done = cur.reader.ended and cur.seek >= cur.reader.known_length
             _account(cur, result, row, share)

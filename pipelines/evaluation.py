@@ -31,9 +31,6 @@ SCHEMA = "tandem-eval/1"
 
 
 def environment(dtype: str) -> dict:
-    import torch
-    import transformers
-
     from . import __version__
     from .bench import environment as env
 
@@ -43,8 +40,7 @@ def environment(dtype: str) -> dict:
                                 cwd=Path(__file__).parent, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         pass
-    return {**env(), "tandem": __version__, "dtype": dtype, "git_commit": commit, "platform": platform.platform(),
-            "torch": torch.__version__, "transformers": transformers.__version__}
+    return {**env(), "tandem": __version__, "dtype": dtype, "git_commit": commit, "platform": platform.platform()}
 
 
 def _spread(runs: list[float]) -> dict:

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from .decoders import Decoder, EncoderOutput
-from .drafters import Drafter
+from .drafters import DrafterFactory
 from .policies import PolicyOptions, make_policy
 from .rules import PAD_GEN_LEN, Rules, Sampling, apply_rules, to_probs
 
@@ -126,7 +125,7 @@ def accept_sampling(drafts: list[int], qs: list[torch.Tensor | None], logits: to
 class AssistedDecoder:
     """A main model and (optionally) a drafter. Holds no per-request state: call ``generate`` freely."""
 
-    def __init__(self, main: Decoder, make_drafter: Callable[[Rules, int], Drafter] | None = None,
+    def __init__(self, main: Decoder, make_drafter: DrafterFactory | None = None,
                  pad_id: int = 0) -> None:
         self.main, self.make_drafter, self.pad_id = main, make_drafter, pad_id
 
@@ -245,8 +244,6 @@ class AssistedDecoder:
         )
         tokens = tuple(tuple(o) for o in out)
         if options.compare_plain and not options.do_sample:
-            from dataclasses import replace
-
             plain = self.generate(prompts, rules, replace(options, use_drafter=False, compare_plain=False),
                                   encoder_inputs, enc_all)
             same = tuple(a == b for a, b in zip(tokens, plain.tokens))
