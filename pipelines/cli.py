@@ -300,6 +300,42 @@ def cmd_bench_asr(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_distill(args: argparse.Namespace) -> int:
+    from .distill import DistillOptions, distill
+
+    data = tuple(args.data) if args.data else ("debian-speech",)
+    opts = DistillOptions(main=args.main, out=Path(args.out), layers=args.layers, data=data, clips=args.clips,
+                          heldout=args.heldout, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                          draft_vocab=args.draft_vocab, budget_minutes=args.budget_minutes, resume=args.resume)
+    folder = distill(opts)
+    if folder is None:
+        print(f"stopped at the budget; go on with: tandem distill ... --out {args.out} --resume")
+        return 3
+    print(f"assistant: {folder} (see CARD.md there)")
+    return 0
+
+
+def ui_command(port: int) -> list[str]:
+    """The streamlit command line that serves ui/app.py on 127.0.0.1 (usage statistics off)."""
+    from .paths import PROJECT_ROOT
+
+    return [sys.executable, "-m", "streamlit", "run", str(PROJECT_ROOT / "ui" / "app.py"),
+            "--server.address", "127.0.0.1", "--server.port", str(port), "--server.headless", "true",
+            "--browser.gatherUsageStats", "false"]
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from .paths import PROJECT_ROOT
+
+    env = dict(os.environ)
+    if args.models:
+        env["TANDEM_MODELS"] = str(Path(args.models).resolve())
+    print(f"Tandem UI on http://127.0.0.1:{args.port} (Ctrl-C stops it)")
+    return subprocess.call(ui_command(args.port), cwd=PROJECT_ROOT / "ui", env=env)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Build the real-speech sample set and transcribe it on the default ASR pair."""
     from .evalsets import MANIFEST, build_set
@@ -398,6 +434,25 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", default="reports/bench-asr.json", help="where to write the figures (default: %(default)s)")
     b.set_defaults(func=cmd_bench_asr)
 
+    p = sub.add_parser("distill", help="make a small assistant for a main model: corpus, labels from the main model, training, export")
+    p.add_argument("--main", required=True, metavar="PAIR_OR_MODEL", help="a pair (its main model), an embedded name, a folder or a hub id")
+    p.add_argument("--layers", type=int, default=2, help="decoder layers of the assistant (initialised from the main's first, last, and between)")
+    p.add_argument("--data", nargs="+", metavar="SET", help="corpus: debian-speech (Whisper; the default) or text files of one input a line (text models)")
+    p.add_argument("--out", required=True, metavar="DIR", help="working folder: shards, checkpoints, and the exported assistant in DIR/assistant")
+    p.add_argument("--clips", type=int, default=4000, help="training items to build and label (default 4000; raise it and --resume to grow the corpus)")
+    p.add_argument("--heldout", type=int, default=96, help="held-out items (shard 0) for the agreement estimate")
+    p.add_argument("--epochs", type=float, default=3.0)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--draft-vocab", type=int, default=4096, help="tokens kept by the draft head (plus special tokens); 0 keeps all")
+    p.add_argument("--budget-minutes", type=float, default=None, help="stop cleanly after this long (exit 3); --resume goes on")
+    p.add_argument("--resume", action="store_true", help="go on from what DIR holds")
+    p.set_defaults(func=cmd_distill)
+
+    p = sub.add_parser("ui", help="serve the Streamlit app (Translate, Summarize, Transcribe) on 127.0.0.1")
+    p.add_argument("--port", type=int, default=8501)
+    p.set_defaults(func=cmd_ui)
+
     p = sub.add_parser("demo", help="the main job on sample audio: build speech-real and transcribe it with WER")
     p.set_defaults(func=cmd_demo)
     return parser
@@ -408,13 +463,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _set_threads(args.threads)
     from .audio import AudioDecodeError
+    from .distill import DistillError
     from .evalsets import DataBuildError
     from .loading import ModelUnavailableError
     from .registry import RegistryError
 
     try:
         return args.func(args)
-    except (RegistryError, ModelUnavailableError, DataBuildError, AudioDecodeError) as exc:
+    except (RegistryError, ModelUnavailableError, DataBuildError, AudioDecodeError, DistillError) as exc:
         print(f"tandem: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

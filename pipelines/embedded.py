@@ -8,7 +8,9 @@ anything else (a crash half-way, a flipped byte) is deleted and rebuilt.
 
 Two test-only assistants are derived from base: its own full decoder as a decoder-only assistant
 (every draft right) and a 2-layer truncation (mostly wrong). They exist for the engine's tests and
-benchmarks, not for users.
+benchmarks, not for users. The distilled assistant (``tandem distill``) ships as its distinct layers only
+(``pipelines/assistants/<name>/layers.safetensors``, bfloat16, sha256 in ``assistant.json``); it is
+assembled around base's own token/position embeddings and head on first use.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class DerivedDecoder:
     name: str
     base: str  # name of the EmbeddedWhisper it comes from
     layers: tuple[int, ...] | None  # decoder layers kept; None keeps all
+    trained: str | None = None  # a folder under pipelines/assistants/ holding distilled layers (tandem distill)
 
 
 WHISPER: dict[str, EmbeddedWhisper] = {
@@ -82,7 +85,11 @@ WHISPER: dict[str, EmbeddedWhisper] = {
 DERIVED: dict[str, DerivedDecoder] = {
     "whisper-base-decoder": DerivedDecoder("whisper-base-decoder", "whisper-base", None),
     "whisper-base-decoder-2l": DerivedDecoder("whisper-base-decoder-2l", "whisper-base", (0, 5)),
+    # the distilled assistant shipped with the repository (see its CARD.md)
+    "whisper-base-distilled": DerivedDecoder("whisper-base-distilled", "whisper-base", None,
+                                             trained="whisper-base-distilled"),
 }
+ASSISTANTS_DIR = Path(__file__).resolve().parent / "assistants"
 
 
 def embedded_names() -> list[str]:
@@ -392,34 +399,63 @@ def convert_whisper(ct2: CT2Model, aux: Path, out: Path) -> None:
 # Test-only decoder-only assistants derived from base
 
 
+def _trained_meta(spec: DerivedDecoder) -> dict:
+    """The shipped assistant's description, its layers file checked against the pinned sha256."""
+    folder = ASSISTANTS_DIR / spec.trained
+    try:
+        meta = json.loads((folder / "assistant.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise EmbeddedModelError(f"{spec.name}: {folder / 'assistant.json'} cannot be read ({exc})") from None
+    digest = _file_sha256(folder / "layers.safetensors") if (folder / "layers.safetensors").is_file() else "missing"
+    if digest != meta.get("sha256"):
+        raise EmbeddedModelError(f"{spec.name}: {folder / 'layers.safetensors'} has sha256 {digest}, expected "
+                                 f"{meta.get('sha256')} (a damaged checkout: git checkout -- {folder})")
+    return meta
+
+
 def _derived_path(spec: DerivedDecoder) -> Path:
     base_dir = embedded_path(spec.base)
     base_sha = json.loads((base_dir / STAMP).read_text())["weights_sha256"]
     final = paths.models_dir() / spec.name
-    source = hashlib.sha256(f"{base_sha}:{spec.layers}".encode()).hexdigest()
+    trained = _trained_meta(spec) if spec.trained else None
+    key = f"{base_sha}:{spec.layers}" + (f":{trained['sha256']}" if trained else "")
+    source = hashlib.sha256(key.encode()).hexdigest()
     if _is_complete(final, source):
         return final
-    return _build_into(final, lambda tmp: build_decoder_assistant(base_dir, spec.layers, tmp), source)
+    folder = ASSISTANTS_DIR / spec.trained if spec.trained else None
+    return _build_into(final, lambda tmp: build_decoder_assistant(base_dir, spec.layers, tmp, folder, trained), source)
 
 
-def build_decoder_assistant(base_dir: Path, layers: tuple[int, ...] | None, out: Path) -> None:
-    """A ``WhisperForCausalLM`` holding ``layers`` of base's decoder (all when None), embeddings included."""
+def build_decoder_assistant(base_dir: Path, layers: tuple[int, ...] | None, out: Path,
+                            trained: Path | None = None, meta: dict | None = None) -> None:
+    """A ``WhisperForCausalLM`` holding ``layers`` of base's decoder (all when None), embeddings included;
+    or, with ``trained``, the distilled layers and final norm from that folder (its draft vocabulary goes
+    into the config as ``draft_vocab``)."""
     import torch
     from transformers import AutoTokenizer, WhisperForCausalLM, WhisperForConditionalGeneration
 
-    main = WhisperForConditionalGeneration.from_pretrained(base_dir, dtype=torch.float16)
+    main = WhisperForConditionalGeneration.from_pretrained(base_dir, dtype=torch.float32 if trained else torch.float16)
     keep = list(range(main.config.decoder_layers)) if layers is None else list(layers)
     config = main.config.__class__.from_dict(main.config.to_dict())
-    config.decoder_layers = len(keep)
+    config.decoder_layers = meta["layers"] if trained else len(keep)
     config.is_encoder_decoder = False
-    assistant = WhisperForCausalLM(config).to(torch.float16)
+    if trained:
+        config.draft_vocab = meta.get("draft_vocab")
+    assistant = WhisperForCausalLM(config).to(main.dtype)
     src = main.model.decoder
     dst = assistant.model.decoder
     dst.embed_tokens.load_state_dict(src.embed_tokens.state_dict())
     dst.embed_positions.load_state_dict(src.embed_positions.state_dict())
-    dst.layer_norm.load_state_dict(src.layer_norm.state_dict())
-    for j, i in enumerate(keep):
-        dst.layers[j].load_state_dict(src.layers[i].state_dict())
+    if trained:
+        from safetensors.torch import load_file
+
+        tensors = load_file(trained / "layers.safetensors")
+        dst.layers.load_state_dict({k[7:]: v.float() for k, v in tensors.items() if k.startswith("layers.")})
+        dst.layer_norm.load_state_dict({k[11:]: v.float() for k, v in tensors.items() if k.startswith("layer_norm.")})
+    else:
+        dst.layer_norm.load_state_dict(src.layer_norm.state_dict())
+        for j, i in enumerate(keep):
+            dst.layers[j].load_state_dict(src.layers[i].state_dict())
     assistant.tie_weights()
     assistant.generation_config = main.generation_config
     assistant.save_pretrained(out)

@@ -14,7 +14,8 @@ pair's ``languages``.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 from .engine import DecodeOptions, rules_from_generation_config
 from .pairs import load_pair
@@ -52,6 +53,7 @@ class TextResult:
     plain_seconds: float | None = None
     identical: bool | None = None
     notes: tuple[str, ...] = ()  # what was done to the input (chunking, truncation)
+    accepted_hist: dict[int, int] = field(default_factory=dict)  # accepted drafts per round -> rounds
 
 
 def split_sentences(text: str) -> list[list[str]]:
@@ -144,7 +146,7 @@ class TextRunner:
         return TextResult(
             text, output, rows, sum(len(o) for o in outs), sum(s.main_calls for s in stats),
             sum(s.drafted for s in stats), sum(s.accepted for s in stats), sum(s.total_s for s in stats),
-            plain_s, identical, tuple(notes),
+            plain_s, identical, tuple(notes), dict(sum((Counter(s.accepted_hist) for s in stats), Counter())),
         )
 
     # -- the tasks

@@ -46,3 +46,11 @@ def base_runner(registry):
     from pipelines.asr import WhisperRunner
 
     return WhisperRunner(registry.get("whisper-base"))
+
+
+@pytest.fixture(scope="session")
+def local_models_file(tmp_path_factory):
+    """A models file of small local BART/T5/M2M100/Marian pairs (see tests/local_models.py)."""
+    from local_models import build_local_models
+
+    return build_local_models(tmp_path_factory.mktemp("local-models"))

@@ -11,56 +11,12 @@ from pipelines.evalsets import project_documents, project_sentences
 from pipelines.registry import load_registry
 from pipelines.text import TextInputError, TextOptions, TextRunner, run_text
 
-LANGS = ["eng_Latn", "fra_Latn", "deu_Latn"]
-
-
-def _tokenizer(folder: Path, extra_specials=()):
-    from tokenizers import ByteLevelBPETokenizer, processors
-    from transformers import PreTrainedTokenizerFast
-
-    bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(project_sentences() + [d["document"] for d in project_documents()], vocab_size=600,
-                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", *extra_specials])
-    bpe.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                  unk_token="<unk>", additional_special_tokens=list(extra_specials), model_max_length=128)
-    tok.save_pretrained(folder)
-    return tok
-
-
-def _model(kind: str, tok, layers: int, seed: int):
-    from transformers import BartConfig, BartForConditionalGeneration, GenerationConfig, M2M100Config, M2M100ForConditionalGeneration
-
-    torch.manual_seed(seed)
-    common = dict(vocab_size=len(tok), d_model=64, encoder_layers=2, decoder_layers=layers, encoder_attention_heads=4,
-                  decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=128,
-                  pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, init_std=0.3,
-                  tie_word_embeddings=False)
-    model = (BartForConditionalGeneration(BartConfig(**common)) if kind == "bart"
-             else M2M100ForConditionalGeneration(M2M100Config(**common))).eval()
-    model.generation_config = GenerationConfig(eos_token_id=2, pad_token_id=1, decoder_start_token_id=2, bos_token_id=0,
-                                               max_length=40, no_repeat_ngram_size=3)
-    return model
+from local_models import LANGS
 
 
 @pytest.fixture(scope="module")
-def models_file(tmp_path_factory):
-    root = tmp_path_factory.mktemp("local-models")
-    pairs = {}
-    for kind, task in (("bart", "summarize"), ("m2m_100", "translate")):
-        specials = LANGS if kind == "m2m_100" else ()
-        for role, layers, seed in (("main", 2, 0), ("small", 1, 1)):
-            folder = root / f"{kind}-{role}"
-            tok = _tokenizer(folder, specials)
-            _model(kind, tok, layers, seed).save_pretrained(folder)
-        pairs[f"{kind}-pair"] = {"task": task, "main": {"local": str(root / f"{kind}-main")},
-                                 "assistant": {"local": str(root / f"{kind}-small")}, "share_encoder": True,
-                                 **({"languages": LANGS} if kind == "m2m_100" else {"draft": "model+prompt-lookup"})}
-        pairs[f"{kind}-lookup"] = {"task": task, "main": {"local": str(root / f"{kind}-main")}, "draft": "prompt-lookup",
-                                   **({"languages": LANGS} if kind == "m2m_100" else {})}
-    path = root / "models.yaml"
-    path.write_text(yaml.safe_dump({"pairs": pairs, "defaults": {"summarize": "bart-pair", "translate": "m2m_100-pair"}}))
-    return path
+def models_file(local_models_file):
+    return local_models_file
 
 
 def _hf_reference(runner: TextRunner, source: list[int], prompt: list[int], max_new: int) -> list[int]:
@@ -70,7 +26,7 @@ def _hf_reference(runner: TextRunner, source: list[int], prompt: list[int], max_
     return out[0].tolist()[len(prompt):]
 
 
-@pytest.mark.parametrize("name", ["bart-pair", "bart-lookup"])
+@pytest.mark.parametrize("name", ["bart-pair", "bart-lookup", "t5-pair", "t5-lookup"])
 def test_summarize_assisted_is_identical_to_plain_and_to_generate(models_file, name):
     registry = load_registry(models_file)
     runner = TextRunner(registry.get(name))
@@ -104,6 +60,17 @@ def test_translate_batches_sentences_and_keeps_paragraphs(models_file):
     assert first[0] == runner.tok.convert_tokens_to_ids("eng_Latn") and first[-1] == runner.tok.eos_token_id
     prompt = runner._prompt(runner._lang_id("fra_Latn", "tgt"))
     ref = runner.tok.decode(_hf_reference(runner, first, prompt, 12), skip_special_tokens=True).strip()
+    assert result.output.startswith(ref)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_marian_translation_identical_to_plain_and_to_generate(models_file, batch):
+    runner = TextRunner(load_registry(models_file).get("marian-pair"))
+    text = " ".join(project_sentences()[:4])
+    result = runner.translate(text, TextOptions(compare=True, max_new_tokens=10, batch_size=batch))
+    assert result.rows == 4 and result.identical is True and result.drafted > 0
+    first = runner._source_ids(project_sentences()[0], None)
+    ref = runner.tok.decode(_hf_reference(runner, first, runner._prompt(None), 10), skip_special_tokens=True).strip()
     assert result.output.startswith(ref)
 
 

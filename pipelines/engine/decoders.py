@@ -176,10 +176,27 @@ class WhisperDecoder(Decoder):
         super().__init__(model)
         self.max_positions = self.config.max_target_positions
         self.decoder = model.model.decoder if hasattr(model.model, "decoder") else model.model
+        vocab = getattr(self.config, "draft_vocab", None)  # a distilled assistant's reduced head
+        self.draft_ids = torch.tensor(vocab, dtype=torch.long) if vocab else None
+        self._draft_head = None
 
     @property
     def reads_encoder(self) -> bool:
         return True
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output head. With a draft vocabulary K (an assistant only), logits are computed for K alone and
+        the rest set to -inf:  z_v = h . W_v  for v in K,  z_v = -inf  otherwise.  The draft's argmax and
+        softmax are then those over K; verification by the main model stays over the full vocabulary, so
+        outputs are unchanged and sampling stays exact (q is the distribution the draft was drawn from)."""
+        if self.draft_ids is None:
+            return self.model.proj_out(hidden)
+        if self._draft_head is None or self._draft_head.dtype != hidden.dtype:
+            self._draft_head = self.model.proj_out.weight.index_select(0, self.draft_ids).to(hidden.dtype)
+        sub = hidden @ self._draft_head.T
+        full = sub.new_full((*sub.shape[:-1], self.model.proj_out.out_features), float("-inf"))
+        full[..., self.draft_ids] = sub
+        return full
 
     def encode(self, input_features: torch.Tensor, **_) -> EncoderOutput:
         hidden = self.model.model.encoder(input_features.to(self.dtype)).last_hidden_state
@@ -188,7 +205,7 @@ class WhisperDecoder(Decoder):
     def _forward(self, ids, positions, mask, cache, enc):
         out = self.decoder(input_ids=ids, attention_mask=mask, encoder_hidden_states=enc.hidden, cache=cache,
                            position_ids=positions, use_cache=True)
-        return self.model.proj_out(out.last_hidden_state)
+        return self._head(out.last_hidden_state)
 
 
 class BartFamilyDecoder(Decoder):
