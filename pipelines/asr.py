@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from .audio import SAMPLE_RATE, AudioDecodeError, is_audio_name, stream_audio
-from .engine import DecodeOptions, DecodeStats, Rules, rules_from_generation_config
+from .engine import DecodeOptions, DecodeStats, PolicyOptions, Rules, rules_from_generation_config
 from .pairs import load_pair
 from .registry import Pair
 
@@ -44,6 +44,7 @@ class TranscribeOptions:
     compare: bool = False  # also decode plainly, to time it and check the outputs are identical
     batch_size: int = 4  # windows of different files decoded together
     timestamps: bool = False  # timestamp tokens even for files of one window (always on for longer files)
+    policy: PolicyOptions = PolicyOptions()  # how many tokens the assistant drafts each round
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class Transcript:
     segments: tuple[Segment, ...] = ()
     language: str | None = None
     tokens: int = 0  # tokens emitted
-    main_calls: float = 0.0  # main-model decoder passes (its share of each batch's)
+    main_calls: float = 0.0  # main-model passes this file's windows took part in (its share of each batch's)
     drafted: float = 0.0  # draft tokens proposed (its share)
     accepted: float = 0.0  # draft tokens accepted (its share)
     decode_seconds: float = 0.0  # decoder time, encoder excluded (its share)
@@ -334,7 +335,7 @@ class WhisperRunner:
         stats, and (with compare) the plain run's tokens and stats."""
         x = self.feats(windows)
         rules = self.rules(len(prompts[0]), timestamps, options.max_new_tokens)
-        decode_options = DecodeOptions(max_new_tokens=options.max_new_tokens,
+        decode_options = DecodeOptions(max_new_tokens=options.max_new_tokens, policy=options.policy,
                                        compare_plain=options.compare and options.use_assistant)
         engine = self.loaded.engine if options.use_assistant else self.loaded.plain
         return engine.generate(prompts, rules, decode_options, encoder_inputs={"input_features": x})
@@ -401,7 +402,7 @@ def _account(cur: _Cursor, result, row: int, share: float) -> None:
     cur.seconds += stats.total_s * share
     cur.decode_seconds += (stats.total_s - stats.encode_s) * share
     cur.tokens += len(result.tokens[row])
-    cur.main_calls += stats.main_calls * share
+    cur.main_calls += stats.row_calls * share
     cur.drafted += stats.drafted * share
     cur.accepted += stats.accepted * share
     if result.identical is not None:

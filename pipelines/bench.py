@@ -174,7 +174,7 @@ def bench_workload(w: Workload, batches=(4, 8), log=print) -> list[Row]:
         calls = acc = None
         if stats:
             new = sum(s.new_tokens for s in stats)
-            calls = sum(s.main_calls for s in stats) / new if new else None
+            calls = sum(s.row_calls for s in stats) / new if new else None
             drafted = sum(s.drafted for s in stats)
             acc = sum(s.accepted for s in stats) / drafted if drafted else None
         tokens = sum(len(o) for o in outs)

@@ -315,6 +315,22 @@ def cmd_distill(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_regress(args: argparse.Namespace) -> int:
+    from .paths import PROJECT_ROOT
+    from .regress import accept, load_config, regress
+
+    config = load_config(args.config or PROJECT_ROOT / "data" / "nightly.yaml")
+    if args.accept is not None:
+        accept(config, args.accept)
+        print(f"run {args.accept} accepted: it is now the baseline")
+        return 0
+    run_id, findings, report = regress(config, pin=args.pin)
+    for f in findings:
+        print(f"REGRESSION: {f.line}", file=sys.stderr)
+    print(f"run {run_id}: {'FAIL' if findings else 'PASS'}; report {report}")
+    return 1 if findings else 0
+
+
 def ui_command(port: int) -> list[str]:
     """The streamlit command line that serves ui/app.py on 127.0.0.1 (usage statistics off)."""
     from .paths import PROJECT_ROOT
@@ -449,6 +465,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="go on from what DIR holds")
     p.set_defaults(func=cmd_distill)
 
+    p = sub.add_parser("regress", help="nightly regression run: evaluations, history (SQLite), baseline, thresholds, report with plots; exit 1 on a regression")
+    p.add_argument("--config", metavar="FILE", help="regression config (default: data/nightly.yaml)")
+    p.add_argument("--pin", type=int, metavar="RUN", help="compare with this run instead of the last accepted one")
+    p.add_argument("--accept", type=int, metavar="RUN", help="accept a run by hand (an intended change) and exit")
+    p.set_defaults(func=cmd_regress)
+
     p = sub.add_parser("ui", help="serve the Streamlit app (Translate, Summarize, Transcribe) on 127.0.0.1")
     p.add_argument("--port", type=int, default=8501)
     p.set_defaults(func=cmd_ui)
@@ -464,13 +486,14 @@ def main(argv: list[str] | None = None) -> int:
     _set_threads(args.threads)
     from .audio import AudioDecodeError
     from .distill import DistillError
+    from .regress import RegressConfigError
     from .evalsets import DataBuildError
     from .loading import ModelUnavailableError
     from .registry import RegistryError
 
     try:
         return args.func(args)
-    except (RegistryError, ModelUnavailableError, DataBuildError, AudioDecodeError, DistillError) as exc:
+    except (RegistryError, ModelUnavailableError, DataBuildError, AudioDecodeError, DistillError, RegressConfigError) as exc:
         print(f"tandem: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -21,6 +21,7 @@ from pathlib import Path
 SCHEMA = "tandem-eval/1"
 # {
 #   "schema": "tandem-eval/1", "task": str, "pair": str, "set": str, "items": int, "dtype": str,
+#   "policy": {"name", "lookahead", "max_lookahead"},  # the engine's lookahead policy
 #   "quality": {"plain": {metric: {"name", "value", "signature", "n"}}, "assisted": {...}},
 #   "identical_rate": float,                      # assisted output == plain output, share of items
 #   "latency": {"plain": {"median_s", "min_s", "max_s", "runs_s": [...]}, "assisted": {...},
@@ -47,7 +48,7 @@ def _spread(runs: list[float]) -> dict:
     return {"median_s": statistics.median(runs), "min_s": min(runs), "max_s": max(runs), "runs_s": runs}
 
 
-def _asr_runner(pair, items, dtype):
+def _asr_runner(pair, items, dtype, policy):
     from .asr import TranscribeOptions, WhisperRunner, transcribe
     from .metrics import cer, wer
 
@@ -56,7 +57,7 @@ def _asr_runner(pair, items, dtype):
     refs = [i["reference"] for i in items]
 
     def run(assisted: bool):
-        results = {r.path: r for r in transcribe(paths, pair, TranscribeOptions(use_assistant=assisted, batch_size=4), runner)}
+        results = {r.path: r for r in transcribe(paths, pair, TranscribeOptions(use_assistant=assisted, batch_size=4, policy=policy), runner)}
         ordered = [results[p] for p in paths]
         bad = [r for r in ordered if not r.ok]
         if bad:
@@ -76,7 +77,7 @@ NLLB_CODES = {"eng": "eng_Latn", "deu": "deu_Latn", "fra": "fra_Latn", "spa": "s
               "por": "por_Latn", "rus": "rus_Cyrl", "nld": "nld_Latn"}
 
 
-def _text_runner(pair, task, items, dtype):
+def _text_runner(pair, task, items, dtype, policy):
     from .metrics import bleu, chrf, rouge
     from .text import TextOptions, TextRunner
 
@@ -90,7 +91,7 @@ def _text_runner(pair, task, items, dtype):
             if task == "translate" and pair.languages:
                 src = NLLB_CODES.get(item.get("source_lang"), item.get("source_lang"))
                 tgt = NLLB_CODES.get(item.get("target_lang"), item.get("target_lang"))
-            options = TextOptions(use_assistant=assisted, src=src, tgt=tgt)
+            options = TextOptions(use_assistant=assisted, src=src, tgt=tgt, policy=policy)
             outs.append(runner.translate(item["input"], options) if task == "translate" else runner.summarize(item["input"], options))
         stats = (sum(r.tokens for r in outs), sum(r.main_calls for r in outs),
                  sum(r.drafted for r in outs), sum(r.accepted for r in outs))
@@ -105,8 +106,12 @@ def _text_runner(pair, task, items, dtype):
 
 
 def evaluate(task: str, pair_name: str, set_name: str, limit: int | None = None, repeats: int = 3,
-             dtype: str | None = None, models: str | None = None, items: list[dict] | None = None) -> dict:
-    """Run one evaluation and return the report (see SCHEMA)."""
+             dtype: str | None = None, models: str | None = None, items: list[dict] | None = None,
+             policy=None) -> dict:
+    """Run one evaluation and return the report (see SCHEMA). ``policy``: the engine's PolicyOptions
+    (default: its own default)."""
+    from .engine import PolicyOptions
+
     from .evalsets import build_set, read_manifest
     from .registry import load_registry
 
@@ -118,7 +123,9 @@ def evaluate(task: str, pair_name: str, set_name: str, limit: int | None = None,
         items = read_manifest(set_name)
     items = items[:limit] if limit else items
     dtype = dtype or pair.dtype
-    run, score = _asr_runner(pair, items, dtype) if task == "asr" else _text_runner(pair, task, items, dtype)
+    policy = policy or PolicyOptions()
+    run, score = (_asr_runner(pair, items, dtype, policy) if task == "asr"
+                  else _text_runner(pair, task, items, dtype, policy))
 
     run(False), run(True)  # warm-up: caches, lazy imports, first-call allocations
     outputs: dict[bool, list[str]] = {}
@@ -133,6 +140,7 @@ def evaluate(task: str, pair_name: str, set_name: str, limit: int | None = None,
     plain, assisted = _spread(runs[False]), _spread(runs[True])
     return {
         "schema": SCHEMA, "task": task, "pair": pair.name, "set": set_name, "items": len(items), "dtype": dtype,
+        "policy": {"name": policy.name, "lookahead": policy.lookahead, "max_lookahead": policy.max_lookahead},
         "quality": {"plain": score(outputs[False]), "assisted": score(outputs[True])},
         "identical_rate": sum(a == b for a, b in zip(outputs[True], outputs[False])) / len(items),
         "latency": {"plain": plain, "assisted": assisted, "speedup": plain["median_s"] / assisted["median_s"],

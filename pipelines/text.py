@@ -17,7 +17,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .engine import DecodeOptions, rules_from_generation_config
+from .engine import DecodeOptions, PolicyOptions, rules_from_generation_config
 from .pairs import load_pair
 from .registry import Pair
 
@@ -38,6 +38,7 @@ class TextOptions:
     use_assistant: bool = True
     compare: bool = False  # also decode plainly: time it and check identical outputs
     long_input: str = "chunk"  # summarization of over-long inputs: "chunk" (and join) or "truncate"
+    policy: PolicyOptions = PolicyOptions()  # how many tokens the assistant drafts each round
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ class TextRunner:
             for i, b in enumerate(batch):
                 ids[i, : len(b)], mask[i, : len(b)] = torch.tensor(b), 1
             result = engine.generate([prompt] * len(batch), rules,
-                                     DecodeOptions(max_new_tokens=max_new,
+                                     DecodeOptions(max_new_tokens=max_new, policy=options.policy,
                                                    compare_plain=options.compare and options.use_assistant),
                                      encoder_inputs={"input_ids": ids, "attention_mask": mask})
             outputs += [list(t) for t in result.tokens]
@@ -144,7 +145,7 @@ class TextRunner:
 
     def _result(self, text, output, rows, outs, stats, plain_s, identical, notes=()) -> TextResult:
         return TextResult(
-            text, output, rows, sum(len(o) for o in outs), sum(s.main_calls for s in stats),
+            text, output, rows, sum(len(o) for o in outs), sum(s.row_calls for s in stats),
             sum(s.drafted for s in stats), sum(s.accepted for s in stats), sum(s.total_s for s in stats),
             plain_s, identical, tuple(notes), dict(sum((Counter(s.accepted_hist) for s in stats), Counter())),
         )

@@ -101,7 +101,7 @@ def quality(task: str, output: str, reference: str) -> None:
 
     if task == "asr":
         score = metrics.wer([output], [reference])
-        st.metric("WER against the reference", f"{score.value:.1f}%")
+        st.metric("WER against the reference", f"{100 * score.value:.1f}%")
     elif task == "translate":
         b, c = metrics.bleu([output], [reference]), metrics.chrf([output], [reference])
         st.metric("BLEU / chrF", f"{b.value:.1f} / {c.value:.1f}")
@@ -109,7 +109,7 @@ def quality(task: str, output: str, reference: str) -> None:
     else:
         scores = metrics.rouge([output], [reference])
         score = scores["rougeL"]
-        st.metric("ROUGE-1 / ROUGE-L", f"{scores['rouge1'].value:.1f} / {score.value:.1f}")
+        st.metric("ROUGE-1 / ROUGE-L", f"{100 * scores['rouge1'].value:.1f} / {100 * score.value:.1f}")
     st.caption(f"signature: {score.signature}")
 
 

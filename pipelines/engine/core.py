@@ -40,7 +40,7 @@ class DecodeStats:
     rows: int  # batch size
     new_tokens: int  # tokens emitted, all rows
     rounds: int  # loop iterations
-    main_calls: int  # main-model decoder passes (one per round)
+    main_calls: int  # main-model decoder passes (one per round, however many rows it carries)
     draft_calls: int  # drafter forward passes
     encoder_calls: int  # encoder passes, main and assistant together (1 when the encoder output is shared)
     drafted: int  # draft tokens proposed
@@ -51,6 +51,7 @@ class DecodeStats:
     verify_s: float = 0.0
     other_s: float = 0.0
     total_s: float = 0.0
+    row_calls: int = 0  # main-model passes summed over rows: the passes each sequence took part in
 
     @property
     def acceptance(self) -> float:
@@ -59,12 +60,14 @@ class DecodeStats:
 
     @property
     def calls_per_token(self) -> float:
-        """Main-model decoder passes per emitted token (1.0 for plain decoding; lower is better)."""
-        return self.main_calls / self.new_tokens if self.new_tokens else 0.0
+        """Main-model passes per emitted token, per sequence (1.0 for plain decoding at any batch size; lower
+        is better): row_calls / new_tokens."""
+        return self.row_calls / self.new_tokens if self.new_tokens else 0.0
 
     @property
     def tokens_per_call(self) -> float:
-        return self.new_tokens / self.main_calls if self.main_calls else 0.0
+        """Tokens a sequence gains per main-model pass: accepted drafts + the main model's own token."""
+        return self.new_tokens / self.row_calls if self.row_calls else 0.0
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -239,7 +242,7 @@ class AssistedDecoder:
         stats = DecodeStats(
             rows=rows, new_tokens=sum(len(o) for o in out), rounds=n_rounds, main_calls=main_calls,
             draft_calls=draft_calls, encoder_calls=encoder_calls, drafted=drafted_total, accepted=accepted_total,
-            accepted_hist=dict(sorted(hist.items())), encode_s=encode_s, draft_s=draft_s, verify_s=verify_s,
+            accepted_hist=dict(sorted(hist.items())), row_calls=sum(hist.values()), encode_s=encode_s, draft_s=draft_s, verify_s=verify_s,
             other_s=max(0.0, total_s - encode_s - draft_s - verify_s), total_s=total_s,
         )
         tokens = tuple(tuple(o) for o in out)

@@ -1,0 +1,69 @@
+"""tandem distill on a small local encoder-decoder text model (the same command as for Whisper): corpus from a
+text file, labels from the main model through the engine, a 1-layer student trained within a budget and
+resumed, exported as a folder the registry and the engine load like any other assistant; and the shipped
+Whisper assistant's checksum guard."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from pipelines.distill import DistillError, DistillOptions, distill, read_shard, spread_layers
+from pipelines.evalsets import project_sentences
+from pipelines.registry import load_registry
+from pipelines.text import TextOptions, TextRunner
+
+
+def test_spread_layers_keeps_first_and_last():
+    assert spread_layers(6, 2) == [0, 5] and spread_layers(6, 3) == [0, 2, 5] and spread_layers(2, 1) == [1]
+    assert spread_layers(4, 8) == [0, 1, 2, 3]
+
+
+def test_distill_a_text_model_resume_and_use_it(local_models_file, tmp_path):
+    main = yaml.safe_load(local_models_file.read_text())["pairs"]["bart-pair"]["main"]["local"]
+    corpus = tmp_path / "lines.txt"
+    corpus.write_text("\n".join(project_sentences()))
+    out = tmp_path / "run"
+    opts = DistillOptions(main=main, out=out, layers=1, data=(str(corpus),), clips=48, heldout=16, shard_size=16,
+                          epochs=2, batch_size=8, eval_every=2, draft_vocab=0)
+    # a budget already spent stops the run before it labels anything; a second start must say --resume
+    assert distill(DistillOptions(**{**opts.__dict__, "budget_minutes": 1e-9})) is None
+    with pytest.raises(DistillError, match="--resume"):
+        distill(opts)
+    folder = distill(DistillOptions(**{**opts.__dict__, "resume": True}))
+    assert folder == out / "assistant" and (folder / "CARD.md").is_file()
+
+    shard = read_shard(out, 1)
+    assert len(shard.items) == 16 and all(it["labels"] for it in shard.items)
+    assert shard.topk_ids.shape == (sum(len(it["labels"]) for it in shard.items), 8)
+    card = json.loads((folder / "card.json").read_text())
+    assert card["init_layers"] == [1] and len(card["curve"]) >= 3
+    assert all(0.0 <= p["agreement"] <= 1.0 and p["tokens_per_call"] >= 1.0 for p in card["curve"])
+
+    models = tmp_path / "models.yaml"
+    models.write_text(yaml.safe_dump({"pairs": {"distilled": {
+        "task": "summarize", "main": {"local": main}, "assistant": {"local": str(folder)}, "share_encoder": True}},
+        "defaults": {"summarize": "distilled"}}))
+    runner = TextRunner(load_registry(models).get("distilled"))
+    result = runner.summarize(" ".join(project_sentences()[:3]), TextOptions(compare=True, max_new_tokens=20))
+    assert result.identical is True and result.drafted > 0
+
+
+def test_a_damaged_shipped_assistant_is_refused(tmp_path, monkeypatch):
+    from pipelines import embedded
+
+    spec = embedded.DERIVED["whisper-base-distilled"]
+    src = embedded.ASSISTANTS_DIR / spec.trained
+    if not (src / "assistant.json").is_file():
+        pytest.skip("no distilled assistant shipped yet")
+    copy = tmp_path / spec.trained
+    copy.mkdir()
+    (copy / "assistant.json").write_bytes((src / "assistant.json").read_bytes())
+    data = bytearray((src / "layers.safetensors").read_bytes())
+    data[-1] ^= 0xFF
+    (copy / "layers.safetensors").write_bytes(bytes(data))
+    monkeypatch.setattr(embedded, "ASSISTANTS_DIR", tmp_path)
+    with pytest.raises(embedded.EmbeddedModelError, match="sha256"):
+        embedded._trained_meta(spec)
