@@ -323,6 +323,7 @@ class AsrRow:
     speedup: float  # vs transformers plain float32 on the same files
     wer: float
     identical: float | None  # share of files whose transcript equals the same main model's plain greedy (Tandem)
+    tokens_per_call: float | None = None  # Tandem: tokens per main-model pass per sequence (accepted drafts + 1)
 
 
 def _fw_model(compute_type: str, threads: int, warm_path: str):
@@ -379,7 +380,7 @@ def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synt
     threads = torch.get_num_threads()
     log(f"environment: {environment()}")
     log(f"pair: {pair.name} ({pair.main}, assistant {pair.assistant or 'none'}); Tandem batch {batch_size}")
-    log(f"{'set':13s} {'system':34s} {'files':>5s} {'audio s':>8s} {'wall s':>7s} {'RTF':>6s} {'speedup':>8s} {'WER':>6s} {'identical':>9s}")
+    log(f"{'set':13s} {'system':34s} {'files':>5s} {'audio s':>8s} {'wall s':>7s} {'RTF':>6s} {'speedup':>8s} {'WER':>6s} {'identical':>9s} {'tok/call':>9s}")
     runners = {d: WhisperRunner(pair, d) for d in ("float32", "bfloat16")}
     rows: list[AsrRow] = []
     for set_name in sets:
@@ -389,15 +390,24 @@ def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synt
         refs = [i["reference"] for i in items]
         audio_s = sum(i["duration"] for i in items)
         results: dict[str, tuple[list[str], float]] = {}
+        per_call: dict[str, float] = {}
 
         def timed(name, fn):
             start = time.perf_counter()
             texts = fn()
             results[name] = (texts, time.perf_counter() - start)
 
-        timed("transformers plain float32", lambda: _hf_transcribe(paths, runners["float32"], None))
-        if runners["float32"].loaded.assistant_model is not None:
-            timed("transformers assisted float32", lambda: _hf_transcribe(paths, runners["float32"], runners["float32"].loaded.assistant_model))
+        def tandem(name, opts, runner):
+            done = sorted(transcribe(paths, pair, opts, runner), key=lambda r: paths.index(r.path))
+            calls = sum(r.main_calls for r in done)
+            per_call[name] = sum(r.tokens for r in done) / calls if calls else None
+            return [r.text for r in done]
+
+        for dtype in ("float32", "bfloat16"):
+            timed(f"transformers plain {dtype}", lambda d=dtype: _hf_transcribe(paths, runners[d], None))
+            if runners[dtype].loaded.assistant_model is not None:
+                timed(f"transformers assisted {dtype}",
+                      lambda d=dtype: _hf_transcribe(paths, runners[d], runners[d].loaded.assistant_model))
         try:
             for compute in ("int8", "float32"):
                 fw = _fw_model(compute, threads, paths[0])
@@ -411,8 +421,7 @@ def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synt
                     continue
                 opts = TranscribeOptions(use_assistant=assisted, batch_size=batch_size, dtype=dtype)
                 name = f"tandem {'assisted' if assisted else 'plain'} {dtype}"
-                timed(name, lambda o=opts, d=dtype: [r.text for r in sorted(
-                    transcribe(paths, pair, o, runners[d]), key=lambda r: paths.index(r.path))])
+                timed(name, lambda n=name, o=opts, d=dtype: tandem(n, o, runners[d]))
         base_wall = results["transformers plain float32"][1]
         for name, (texts, wall) in results.items():
             ident = None
@@ -420,11 +429,12 @@ def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synt
                 plain = results[f"tandem plain {name.split()[-1]}"][0]
                 ident = sum(a == b for a, b in zip(texts, plain)) / len(texts)
             row = AsrRow(set_name, name, len(paths), audio_s, wall, wall / audio_s, base_wall / wall,
-                         wer(texts, refs).value, ident)
+                         wer(texts, refs).value, ident, per_call.get(name))
             rows.append(row)
             idt = f"{100 * ident:8.0f}%" if ident is not None else f"{'-':>9s}"
+            tpc = f"{row.tokens_per_call:9.2f}" if row.tokens_per_call else f"{'-':>9s}"
             log(f"{set_name:13s} {name:34s} {row.files:5d} {audio_s:8.1f} {wall:7.1f} {row.rtf:6.3f} {row.speedup:7.2f}x "
-                f"{100 * row.wer:5.1f}% {idt}")
+                f"{100 * row.wer:5.1f}% {idt} {tpc}")
     report = {"environment": environment(), "pair": pair.name, "batch_size": batch_size, "rows": [asdict(r) for r in rows]}
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
