@@ -229,8 +229,8 @@ def cmd_text(args: argparse.Namespace) -> int:
     registry = load_registry(args.models)
     pair = registry.get(args.pair) if args.pair else registry.default(task)
     texts = _read_texts(args)
-    if not texts:
-        print(f"tandem: nothing to {task}: give TEXT, --file or standard input", file=sys.stderr)
+    if not any(t.strip() for t in texts):  # checked before any model is loaded
+        print(f"tandem: the input is empty: nothing to {task} (give TEXT, --file or standard input)", file=sys.stderr)
         return 2
     options = TextOptions(src=getattr(args, "src", None), tgt=getattr(args, "tgt", None),
                           max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,

@@ -111,3 +111,25 @@ def test_eval_report_for_text_tasks(models_file):
               "source_lang": "eng_Latn", "target_lang": "fra_Latn"}]
     report = evaluate("translate", "m2m_100-pair", "inline", repeats=1, models=str(models_file), items=items)
     assert set(report["quality"]["assisted"]) == {"bleu", "chrf"} and report["items"] == 1
+
+
+def test_cli_long_file_empty_stdin_and_translate_stdin(models_file, tmp_path, monkeypatch, capsys):
+    import io
+
+    from pipelines.cli import main
+
+    long_doc = tmp_path / "long.txt"
+    long_doc.write_text(" ".join(d["document"] for d in project_documents()[:3]))
+    code = main(["--models", str(models_file), "summarize", "--file", str(long_doc), "--max-new-tokens", "8"])
+    captured = capsys.readouterr()
+    assert code == 0 and captured.out.strip() and "note: input of" in captured.err and "chunks" in captured.err
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("   \n"))
+    assert main(["--models", str(models_file), "summarize"]) == 2
+    err = capsys.readouterr().err
+    assert "the input is empty: nothing to summarize" in err and "Loading" not in err  # refused before loading
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(project_sentences()[2]))
+    code = main(["--models", str(models_file), "translate", "--pair", "marian-pair", "--compare", "--max-new-tokens", "8"])
+    captured = capsys.readouterr()
+    assert code == 0 and captured.out.strip() and "identical 1/1" in captured.err
