@@ -460,7 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=float, default=3.0)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--draft-vocab", type=int, default=4096, help="tokens kept by the draft head (plus special tokens); 0 keeps all")
+    p.add_argument("--draft-vocab", type=int, default=16384, help="tokens kept by the draft head (plus special tokens); 0 keeps all")
     p.add_argument("--budget-minutes", type=float, default=None, help="stop cleanly after this long (exit 3); --resume goes on")
     p.add_argument("--resume", action="store_true", help="go on from what DIR holds")
     p.set_defaults(func=cmd_distill)

@@ -62,7 +62,7 @@ class DistillOptions:
     batch_size: int = 16
     lr: float = 3e-4
     kl_weight: float = 0.8
-    draft_vocab: int = 4096  # most frequent label tokens kept by the draft head (plus all special tokens); 0: full
+    draft_vocab: int = 16384  # most frequent label tokens kept by the draft head (plus all special tokens); 0: full
     budget_minutes: float | None = None
     resume: bool = False
     seed: int = 20261129

@@ -96,9 +96,10 @@ def test_identical_to_whisper_generate(setup, drafter, policy, batch):
         assert sum(s.accepted for s in stats) == sum(s.drafted for s in stats) > 0
     if drafter == "none":
         assert sum(s.drafted for s in stats) == 0
-    if drafter == "distilled":
-        # the shipped assistant drafts over its reduced vocabulary and is right more often than not
-        assert sum(s.accepted for s in stats) > 0.5 * sum(s.drafted for s in stats)
+    if drafter == "distilled" and policy.name == "constant":
+        # the shipped assistant drafts over its reduced vocabulary; at lookahead 5 on real speech it gains about
+        # 2.8 tokens per main call (an untrained 2-layer cut gains about 1.0)
+        assert sum(s.new_tokens for s in stats) >= 2.0 * sum(s.row_calls for s in stats)
 
 
 def test_encoder_runs_once_and_is_shared(setup):

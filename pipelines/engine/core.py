@@ -220,7 +220,7 @@ class AssistedDecoder:
                 pending[b] = [] if done[b] else [new[-1]]
             if drafter is not None:
                 drafter.update(drafts, accepted, emitted)
-            policy.observe([len(dr) for dr in drafts], accepted, d_s, v_s, width)
+                policy.observe([len(dr) for dr in drafts], accepted, d_s, v_s, width)
 
             # Finished rows leave the batch once they are a quarter of it (each removal copies the caches).
             n_done = sum(done)
