@@ -666,6 +666,7 @@ def train(opts: DistillOptions, teacher: Teacher, shards_ids: list[int], deadlin
         state["step"] += 1
         state["seen"] += len(picks)
         bar.update(1)
+        loss = loss.detach()
         bar.set_postfix(loss=f"{float(loss):.3f}")
         if state["step"] % opts.eval_every == 0 or state["step"] == steps_total:
             student.eval()
