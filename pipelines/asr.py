@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from .audio import SAMPLE_RATE, AudioDecodeError, is_audio_name, stream_audio
-from .engine import DecodeOptions, DecodeStats, PolicyOptions, Rules, rules_from_generation_config
+from .engine import DecodeOptions, DecodeStats, PolicyOptions, Rules, TimestampRules, rules_from_generation_config
 from .pairs import load_pair
 from .registry import Pair
 
@@ -317,12 +317,9 @@ class WhisperRunner:
     def rules(self, prompt_len: int, timestamps: bool, max_new: int) -> Rules:
         from dataclasses import replace
 
-        from transformers.generation.logits_process import WhisperTimeStampLogitsProcessor
-
         rules = rules_from_generation_config(self.model.generation_config, prompt_len, max_new)
         if timestamps:
-            ts = WhisperTimeStampLogitsProcessor(self.model.generation_config, begin_index=prompt_len)
-            rules = replace(rules, processors=rules.processors + (ts,))
+            rules = replace(rules, timestamps=TimestampRules.from_generation_config(self.model.generation_config, prompt_len))
         return rules
 
     def feats(self, windows: list[np.ndarray]):

@@ -46,7 +46,8 @@ def load_pair(pair: Pair, dtype: str | None = None) -> LoadedPair:
     if pair.draft.startswith("model"):
         assistant_model = load_model(pair.assistant, dtype)
         lookup = pair.prompt_lookup_ngram if pair.draft == "model+prompt-lookup" else None
-        make = model_drafter(as_decoder(assistant_model), pair.share_encoder, pad, lookup)
+        make = model_drafter(as_decoder(assistant_model, assistant=True, int8=pair.assistant_int8),
+                             pair.share_encoder, pad, lookup)
     elif pair.draft == "prompt-lookup":
         make = prompt_lookup(pair.prompt_lookup_ngram)
     return LoadedPair(

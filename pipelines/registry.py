@@ -22,7 +22,7 @@ DEFAULT_FILE = PROJECT_ROOT / "models.yaml"
 
 _PAIR_FIELDS = {
     "task", "main", "assistant", "draft", "share_encoder", "dtype", "languages", "description",
-    "test_only", "prompt_lookup_ngram",
+    "test_only", "prompt_lookup_ngram", "assistant_int8",
 }
 
 
@@ -45,6 +45,7 @@ class Pair:
     description: str = ""
     test_only: bool = False  # serves the engine's tests and benchmarks, hidden from users by default
     prompt_lookup_ngram: int = 3  # n-gram size when drafting by prompt lookup
+    assistant_int8: bool = False  # the assistant's linear layers run with int8 weights (CPU; drafts only)
 
     @property
     def uses_assistant(self) -> bool:
@@ -154,10 +155,15 @@ def _parse_pair(path: Path, name: str, raw: Any) -> Pair:
     test_only = raw.get("test_only", False)
     if not isinstance(test_only, bool):
         raise _fail(path, name, "test_only", "must be true or false")
+    int8 = raw.get("assistant_int8", False)
+    if not isinstance(int8, bool):
+        raise _fail(path, name, "assistant_int8", "must be true or false")
+    if int8 and assistant is None:
+        raise _fail(path, name, "assistant_int8", "is true but the pair has no assistant")
     return Pair(
         name=name, task=task, main=main, assistant=assistant, draft=draft, share_encoder=share,
         dtype=dtype, languages=tuple(languages), description=str(raw.get("description", "")).strip(),
-        test_only=test_only, prompt_lookup_ngram=ngram,
+        test_only=test_only, prompt_lookup_ngram=ngram, assistant_int8=int8,
     )
 
 

@@ -41,6 +41,9 @@ def setup(speech_real):
     if _distilled_shipped():
         distilled = WhisperForCausalLM.from_pretrained(embedded_path("whisper-base-distilled"), dtype=torch.float32).eval()
         drafters["distilled"] = model_drafter(as_decoder(distilled), share_encoder=True, pad_id=EOT)
+        # the way pairs load it: the lean draft forward, with and without int8 weights
+        drafters["distilled-lean"] = model_drafter(as_decoder(distilled, assistant=True), share_encoder=True, pad_id=EOT)
+        drafters["distilled-int8"] = model_drafter(as_decoder(distilled, assistant=True, int8=True), share_encoder=True, pad_id=EOT)
     return decoder, enc, refs, rules, drafters
 
 
@@ -80,6 +83,9 @@ def _strip_eot(tokens):
         ("truncated-2l", PolicyOptions("adaptive", 3), 4),
         ("distilled", PolicyOptions("constant", 5), 1),
         ("distilled", PolicyOptions("adaptive"), 6),
+        ("distilled-lean", PolicyOptions("constant", 2), 1),
+        ("distilled-int8", PolicyOptions("constant", 3), 5),
+        ("distilled-int8", PolicyOptions("adaptive", 2), 1),
     ],
 )
 def test_identical_to_whisper_generate(setup, drafter, policy, batch):
@@ -96,7 +102,7 @@ def test_identical_to_whisper_generate(setup, drafter, policy, batch):
         assert sum(s.accepted for s in stats) == sum(s.drafted for s in stats) > 0
     if drafter == "none":
         assert sum(s.drafted for s in stats) == 0
-    if drafter == "distilled" and policy.name == "constant":
+    if drafter.startswith("distilled") and policy.name == "constant":
         # the shipped assistant drafts over its reduced vocabulary; at lookahead 5 on real speech it gains about
         # 2.8 tokens per main call (an untrained 2-layer cut gains about 1.0)
         assert sum(s.new_tokens for s in stats) >= 2.0 * sum(s.row_calls for s in stats)
@@ -113,3 +119,50 @@ def test_encoder_runs_once_and_is_shared(setup):
     assert result.stats.main_calls < result.stats.new_tokens  # drafts were accepted
     hist = result.stats.accepted_hist
     assert sum(hist.values()) >= result.stats.rounds and all(k >= 0 for k in hist)
+
+
+def test_lean_draft_forward_matches_the_model(setup):
+    """The lean draft forward (fused q/k/v, cross-attention computed once) computes the assistant's own
+    logits; with int8 weights it stays close enough to propose the same tokens almost always."""
+    from transformers import WhisperForCausalLM
+
+    from pipelines.engine.decoders import WhisperDraftDecoder, int8_available
+
+    enc = setup[1].select(torch.tensor([0, 1]))
+    model = WhisperForCausalLM.from_pretrained(embedded_path("whisper-base-decoder-2l"), dtype=torch.float32).eval()
+    chunks = [PROMPT + [440, 1029, 318], PROMPT + [50257]]
+    outs = {}
+    with torch.inference_mode():
+        for name, dec in (("hf", as_decoder(model)), ("lean", as_decoder(model, assistant=True)),
+                          ("int8", as_decoder(model, assistant=True, int8=True))):
+            cache = dec.new_cache(2)
+            first, real = dec.forward(chunks, cache, enc, EOT)
+            cache.commit(real)
+            nxt, _ = dec.forward([[262], [262, 11]], cache, enc, EOT)  # ragged second chunk
+            outs[name] = torch.cat([first, nxt], dim=1)
+    assert isinstance(as_decoder(model, assistant=True), WhisperDraftDecoder)
+    assert torch.allclose(outs["lean"], outs["hf"], atol=1e-4, rtol=1e-4)
+    if int8_available():
+        same = (outs["int8"].argmax(-1) == outs["hf"].argmax(-1)).float().mean().item()
+        assert same >= 0.8
+        assert not torch.equal(outs["int8"], outs["hf"])  # the int8 path really ran
+
+
+def test_draft_distribution_over_a_reduced_vocabulary_is_full_size(setup):
+    """Sampling with a reduced draft head: q is a distribution over the whole vocabulary, zero outside it."""
+    from transformers import WhisperForCausalLM
+
+    from pipelines.engine.drafters import ModelDrafter
+    from pipelines.engine.rules import Sampling
+
+    if not _distilled_shipped():
+        pytest.skip("the distilled assistant is not shipped")
+    model = WhisperForCausalLM.from_pretrained(embedded_path("whisper-base-distilled"), dtype=torch.float32).eval()
+    dec = as_decoder(model, assistant=True)
+    drafter = ModelDrafter(dec, setup[3], MAX_NEW, True, EOT)
+    logits = torch.randn(len(dec.vocab_ids))
+    tok, q, p_tok = drafter._choose(logits, Sampling(temperature=0.8), torch.Generator().manual_seed(0), True)
+    assert q.shape == (model.config.vocab_size,) and abs(float(q.sum()) - 1.0) < 1e-5
+    outside = torch.ones(model.config.vocab_size, dtype=torch.bool)
+    outside[dec.vocab_ids] = False
+    assert float(q[outside].sum()) == 0.0 and tok in set(dec.vocab_ids.tolist()) and q[tok] == p_tok

@@ -20,7 +20,7 @@ import torch
 
 from .decoders import Decoder, EncoderOutput
 from .drafters import DrafterFactory
-from .policies import PolicyOptions, make_policy
+from .policies import CostMemory, PolicyOptions, make_policy
 from .rules import PAD_GEN_LEN, Rules, Sampling, apply_rules, to_probs
 
 
@@ -126,11 +126,15 @@ def accept_sampling(drafts: list[int], qs: list[torch.Tensor | None], logits: to
 
 
 class AssistedDecoder:
-    """A main model and (optionally) a drafter. Holds no per-request state: call ``generate`` freely."""
+    """A main model and (optionally) a drafter. Holds no per-request state (only measured costs, which
+    the adaptive lookahead policy reads): call ``generate`` freely."""
 
     def __init__(self, main: Decoder, make_drafter: DrafterFactory | None = None,
                  pad_id: int = 0) -> None:
+        if main.vocab_ids is not None:
+            raise ValueError("the main model must score the whole vocabulary (this one has a reduced draft head)")
         self.main, self.make_drafter, self.pad_id = main, make_drafter, pad_id
+        self.costs = CostMemory()
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], rules: Rules, options: DecodeOptions = DecodeOptions(),
@@ -141,7 +145,7 @@ class AssistedDecoder:
         sampling = options.sampling if options.do_sample else None
         use = options.use_drafter and self.make_drafter is not None
         drafter = self.make_drafter(rules, options.max_new_tokens) if use else None
-        policy = make_policy(options.policy)
+        policy = make_policy(options.policy, self.costs)
 
         t0 = time.perf_counter()
         encoder_calls = 0

@@ -111,14 +111,23 @@ class ModelDrafter(Drafter):
         self.pending = [list(p) for p in prompts]
         return calls
 
-    def _choose(self, probs_or_logits: torch.Tensor, sampling: Sampling | None, generator) -> tuple[int, torch.Tensor | None, float]:
+    def _choose(self, logits: torch.Tensor, sampling: Sampling | None, generator,
+                confidence: bool) -> tuple[int, torch.Tensor | None, float]:
+        """The draft token for one row from its next-token logits (over the draft head's columns), the
+        full-vocabulary distribution q it was drawn from (sampling only) and its probability (when a
+        confidence threshold asks for it)."""
+        ids = self.decoder.vocab_ids
         if sampling is None:
-            p = torch.softmax(probs_or_logits, dim=-1)
-            tok = int(torch.argmax(probs_or_logits))
-            return tok, None, float(p[tok])
-        q = to_probs(probs_or_logits, sampling)
-        tok = int(torch.multinomial(q, 1, generator=generator))
-        return tok, q, float(q[tok])
+            col = int(torch.argmax(logits))
+            p_tok = float(torch.softmax(logits, dim=-1)[col]) if confidence else 1.0
+            return (col if ids is None else int(ids[col])), None, p_tok
+        q = to_probs(logits, sampling)
+        col = int(torch.multinomial(q, 1, generator=generator))
+        p_tok = float(q[col])
+        if ids is not None:  # q over the whole vocabulary: zero outside the draft head
+            q = torch.zeros(self.decoder.config.vocab_size, dtype=q.dtype).index_copy_(0, ids, q)
+            col = int(ids[col])
+        return col, q, p_tok
 
     def draft(self, ks, seqs, gen_lens, sampling, generator, stop_below) -> Drafts:
         start = time.perf_counter()
@@ -143,12 +152,12 @@ class ModelDrafter(Drafter):
             nxt = logits[torch.arange(rows), last][:, None, :]  # (B, 1, V): the next-token logits per row
             lens = torch.tensor([[gen_lens[b] + len(tokens[b]) if active[b] else PAD_GEN_LEN] for b in range(rows)])
             prefixes = [[seqs[b] + tokens[b]] for b in range(rows)] if self.rules.needs_prefix else None
-            apply_rules(self.rules, nxt, lens, self.max_new, prefixes)
+            apply_rules(self.rules, nxt, lens, self.max_new, prefixes, self.decoder.vocab_ids)
             for b in range(rows):
                 if not active[b]:
                     feed[b] = []
                     continue
-                tok, q, p_tok = self._choose(nxt[b, 0], sampling, generator)
+                tok, q, p_tok = self._choose(nxt[b, 0], sampling, generator, stop_below is not None)
                 tokens[b].append(tok)
                 probs[b].append(q)
                 stop = len(tokens[b]) >= ks[b] or tok in self.rules.eos or gen_lens[b] + len(tokens[b]) >= self.max_new

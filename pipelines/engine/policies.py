@@ -1,9 +1,12 @@
 """Lookahead policies: how many tokens to draft next round. One policy object per request (created by
-``make_policy`` for each call), so nothing is carried from one request to the next."""
+``make_policy`` for each call). The adaptive policy also reads and updates a ``CostMemory`` owned by the
+engine: measured costs (seconds per draft step, per verify pass of each length) and the acceptance rate,
+so a request starts from what earlier ones measured instead of probing from nothing. Only measurements are
+carried over, never tokens: outputs do not depend on it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 POLICIES = ("constant", "heuristic", "confidence", "adaptive")
 
@@ -67,55 +70,76 @@ class Confidence(Policy):
         return [self.k_max] * rows
 
 
+@dataclass
+class Costs:
+    """What one batch size has measured: EMA of seconds per draft step and per verify pass of n tokens,
+    and acceptance counts (decayed, so they follow the recent requests)."""
+
+    draft_step_s: float | None = None
+    verify_s: dict[int, float] = field(default_factory=dict)
+    accepted: float = 1.0  # Beta(1, 1) prior on the acceptance rate
+    rejected: float = 1.0
+
+
+class CostMemory:
+    """Measured costs per batch-size bucket, shared by the requests one engine serves (updates are single
+    float assignments; concurrent requests at worst overwrite each other's latest measurement)."""
+
+    def __init__(self) -> None:
+        self.buckets: dict[int, Costs] = {}
+
+    def for_rows(self, rows: int) -> Costs:
+        bucket = 1 << max(0, rows - 1).bit_length()  # 1, 2, 4, 8, ...
+        return self.buckets.setdefault(bucket, Costs())
+
+
 class Adaptive(Policy):
-    """Pick the lookahead from what this request has measured so far.
+    """Pick the lookahead from measured costs.
 
     With acceptance rate a (probability that a draft token is accepted given the previous one was),
     a round drafting k tokens yields on average E(k) = (1 - a^(k+1)) / (1 - a) tokens, and costs
-    k * c_draft + c_verify(k + 1) seconds, where c_verify(n) = v0 + v1 * n is fitted to the measured
-    verify passes. Plain decoding yields 1 token per c_verify(1). We draft the k that maximises
+    k * c_draft + c_verify(k + 1) seconds, c_verify(n) being the measured cost of a verify pass over n
+    tokens (CPU matrix kernels make it a step function of n, so it is measured per n, not fitted; an n not
+    yet measured is estimated from the nearest measured one as (0.94 + 0.06 n), optimistically, so it gets
+    tried and measured). Plain decoding yields 1 token per c_verify(1). We draft the k that maximises
     E(k) / cost(k); if even that is not faster than plain decoding (gain below 1) we decode plainly for a
     while (doubling the wait after each failed probe) and then probe again with a short draft.
+    The first round of a request (prompt and cross-attention set-up) is not timed.
     """
 
-    def __init__(self, k: int, k_max: int) -> None:
+    def __init__(self, k: int, k_max: int, memory: CostMemory | None = None) -> None:
         self.k, self.k_max = k, k_max
-        self.accepted, self.rejected = 1.0, 1.0  # Beta(1, 1) prior on the acceptance rate
-        self.draft_step_s: float | None = None
-        self.verify: list[tuple[int, float]] = []  # (chunk length, seconds) of recent verify passes
+        self.memory = memory or CostMemory()
+        self.costs: Costs | None = None
+        self.rounds = 0
         self.plain_left, self.plain_wait = 0, 16
 
-    def _acceptance(self) -> float:
-        return self.accepted / (self.accepted + self.rejected)
-
     def _verify_cost(self, n: int) -> float:
-        pts = self.verify[-32:]
-        ns = {p[0] for p in pts}
-        if len(ns) >= 2:
-            mean_n = sum(p[0] for p in pts) / len(pts)
-            mean_t = sum(p[1] for p in pts) / len(pts)
-            var = sum((p[0] - mean_n) ** 2 for p in pts)
-            slope = max(0.0, sum((p[0] - mean_n) * (p[1] - mean_t) for p in pts) / var)
-            return max(1e-6, mean_t + slope * (n - mean_n))
-        # One chunk length seen so far: assume a verify of n tokens costs (0.94 + 0.06 n) of one token.
-        n0, t0 = pts[-1]
-        return t0 * (0.94 + 0.06 * n) / (0.94 + 0.06 * n0)
+        table = self.costs.verify_s
+        if n in table:
+            return table[n]
+        near = min(table, key=lambda m: (abs(m - n), m))
+        return table[near] * (0.94 + 0.06 * n) / (0.94 + 0.06 * near)
 
     def best_k(self) -> tuple[int, float]:
         """The lookahead with the highest predicted speed, and its predicted gain over plain decoding."""
-        if self.draft_step_s is None or not self.verify:
+        c = self.costs
+        if c is None or c.draft_step_s is None or not c.verify_s:
             return self.k, float("inf")
-        a = min(self._acceptance(), 0.999)
+        a = min(c.accepted / (c.accepted + c.rejected), 0.999)
         plain_rate = 1.0 / self._verify_cost(1)
         best, best_rate = 0, plain_rate
         for k in range(1, self.k_max + 1):
             tokens = (1 - a ** (k + 1)) / (1 - a)
-            rate = tokens / (k * self.draft_step_s + self._verify_cost(k + 1))
+            rate = tokens / (k * c.draft_step_s + self._verify_cost(k + 1))
             if rate > best_rate:
                 best, best_rate = k, rate
         return best, best_rate / plain_rate
 
     def next_k(self, rows: int) -> list[int]:
+        self.costs = self.memory.for_rows(rows)
+        if self.rounds >= 1 and (1 not in self.costs.verify_s or self.rounds % 64 == 0):
+            return [0] * rows  # measure a plain step (now and then): the cost every lookahead is compared with
         if self.plain_left > 0:
             self.plain_left -= 1
             if self.plain_left == 0:
@@ -129,17 +153,25 @@ class Adaptive(Policy):
         return [k] * rows
 
     def observe(self, drafted, accepted, draft_s, verify_s, chunk) -> None:
+        c = self.costs
+        self.rounds += 1
         steps = max(drafted) if drafted else 0
         if steps > 0:
-            per_step = draft_s / steps
-            self.draft_step_s = per_step if self.draft_step_s is None else 0.7 * self.draft_step_s + 0.3 * per_step
+            decay = 0.995  # older requests' acceptance fades (a window of a few hundred rounds)
+            c.accepted, c.rejected = c.accepted * decay, c.rejected * decay
             for d, a in zip(drafted, accepted):
-                self.accepted += a
-                self.rejected += 1 if a < d else 0
-        self.verify.append((chunk, verify_s))
+                c.accepted += a
+                c.rejected += 1 if a < d else 0
+        if self.rounds == 1:
+            return  # the first round also fed the prompt and set up cross-attention: not a typical cost
+        if steps > 0:
+            per_step = draft_s / steps
+            c.draft_step_s = per_step if c.draft_step_s is None else 0.8 * c.draft_step_s + 0.2 * per_step
+        old = c.verify_s.get(chunk)
+        c.verify_s[chunk] = verify_s if old is None else 0.8 * old + 0.2 * verify_s
 
 
-def make_policy(options: PolicyOptions) -> Policy:
+def make_policy(options: PolicyOptions, memory: CostMemory | None = None) -> Policy:
     if options.name == "constant":
         return Constant(options.lookahead)
     if options.name == "heuristic":
@@ -147,5 +179,5 @@ def make_policy(options: PolicyOptions) -> Policy:
     if options.name == "confidence":
         return Confidence(options.max_lookahead, options.confidence)
     if options.name == "adaptive":
-        return Adaptive(options.lookahead, options.max_lookahead)
+        return Adaptive(options.lookahead, options.max_lookahead, memory)
     raise ValueError(f"unknown lookahead policy {options.name!r}; expected one of {', '.join(POLICIES)}")

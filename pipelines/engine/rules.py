@@ -2,9 +2,14 @@
 
 The rules are the greedy-decoding constraints that ``generate`` would apply for the same generation
 config: suppressed tokens, tokens suppressed at the first step, a minimum length (no EOS before it),
-forced first and last tokens, and any other transformers ``LogitsProcessor`` (no-repeat n-grams,
-Whisper's timestamp rules, repetition penalty), which are called row by row on the exact prefix each
-position would have. Cheap rules are applied to the whole (rows, positions, vocab) tensor at once.
+forced first and last tokens, Whisper's timestamp rules, and any other transformers ``LogitsProcessor``
+(no-repeat n-grams, repetition penalty), which are called row by row on the exact prefix each position
+would have. Everything but those processors is applied to the whole (rows, positions, vocab) tensor at once.
+
+Logits may cover a reduced vocabulary (a drafter's head over a subset of ids, ``vocab`` = the sorted ids of
+its columns): the rules are then applied to the columns those ids map to. Transformers processors expect the
+full vocabulary and are skipped there; a draft they would have forbidden is rejected by verification, which
+always applies every rule over the full vocabulary.
 """
 
 from __future__ import annotations
@@ -28,10 +33,57 @@ class Rules:
     forced_first: int | None = None  # when set, the first generated token is this one
     forced_last: int | None = None  # when set, the token at gen_len == max_new_tokens - 1 is this one
     processors: tuple = field(default_factory=tuple)  # transformers LogitsProcessors, called per row
+    timestamps: TimestampRules | None = None  # Whisper's timestamp rules, when decoding with timestamps
 
     @property
     def needs_prefix(self) -> bool:
-        return bool(self.processors)
+        return bool(self.processors) or self.timestamps is not None
+
+
+@dataclass(frozen=True)
+class TimestampRules:
+    """Whisper's timestamp rules, exactly as transformers' ``WhisperTimeStampLogitsProcessor`` applies them,
+    but for every (row, position) at once. With ``seq`` the tokens generated before a position and
+    ``ts(t) = t >= begin``:
+      - ``<|notimestamps|>`` is never emitted;
+      - timestamps come in pairs: after a lone timestamp (ts(seq[-1]) and not ts(seq[-2])) no text token
+        (id < eos) may follow; after a pair (or a timestamp at the start) no timestamp may follow;
+      - timestamps never decrease: ids in [begin, last) are forbidden, last = the latest timestamp (+1 unless
+        it is a lone one), or begin when there is none;
+      - the first token is a timestamp, at most ``begin + max_initial``;
+      - when logsumexp(log p over timestamps) > max(log p over text), every text token is forbidden."""
+
+    no_timestamps: int
+    begin: int  # id of <|0.00|>, the first timestamp token
+    eos: int
+    prompt_len: int  # generated tokens start here
+    max_initial: int | None = None
+    from_logprob: bool = True
+
+    @classmethod
+    def from_generation_config(cls, gen, prompt_len: int) -> TimestampRules:
+        return cls(no_timestamps=gen.no_timestamps_token_id, begin=gen.no_timestamps_token_id + 1,
+                   eos=gen.eos_token_id or gen.bos_token_id, prompt_len=prompt_len,
+                   max_initial=getattr(gen, "max_initial_timestamp_index", None),
+                   from_logprob=getattr(gen, "_detect_timestamp_from_logprob", True))
+
+    def state(self, prefix: list[int]) -> tuple[int, int, bool]:
+        """(mode, last, first) before the next token: mode 1 = no timestamp may follow, 2 = no text token may
+        follow, 0 = neither; ``last`` = lowest timestamp allowed; ``first`` = nothing generated yet."""
+        n = len(prefix) - self.prompt_len
+        last_ts = n >= 1 and prefix[-1] >= self.begin
+        pen_ts = n < 2 or prefix[-2] >= self.begin
+        mode = (1 if pen_ts else 2) if last_ts else 0
+        latest = None
+        for i in range(len(prefix) - 1, self.prompt_len - 1, -1):  # the latest timestamp, searched backwards
+            if prefix[i] >= self.begin:
+                latest = prefix[i]
+                break
+        if latest is None:
+            last = self.begin
+        else:
+            last = latest if mode == 2 else latest + 1
+        return mode, last, n == 0
 
 
 def rules_from_generation_config(gen, prompt_len: int, max_new_tokens: int) -> Rules:
@@ -64,43 +116,94 @@ def rules_from_generation_config(gen, prompt_len: int, max_new_tokens: int) -> R
     )
 
 
-def _force(scores: torch.Tensor, token: int) -> None:
-    """Every token but ``token`` gets -inf (in place, one row)."""
-    keep = scores[token].clone()
+def _force(scores: torch.Tensor, column: int | None) -> None:
+    """Every column but ``column`` gets -inf (in place, one row); a token outside a reduced vocabulary
+    (column None) leaves the row as it is: the draft may be wrong, verification decides."""
+    if column is None:
+        return
+    keep = scores[column].clone()
     scores.fill_(NEG_INF)
-    scores[token] = keep if torch.isfinite(keep) else 0.0
+    scores[column] = keep if torch.isfinite(keep) else 0.0
+
+
+def _columns(vocab: torch.Tensor | None, tokens) -> list[int]:
+    """The columns holding ``tokens`` (those present) in logits over ``vocab`` (sorted ids; None = all)."""
+    if vocab is None:
+        return list(tokens)
+    ids = torch.tensor(list(tokens), dtype=torch.long)
+    at = torch.searchsorted(vocab, ids).clamp(max=len(vocab) - 1)
+    return at[vocab[at] == ids].tolist()
+
+
+def _column(vocab: torch.Tensor | None, token: int) -> int | None:
+    found = _columns(vocab, [token])
+    return found[0] if found else None
+
+
+def apply_timestamp_rules(ts: TimestampRules, logits: torch.Tensor, states: list[tuple[int, int, bool]],
+                          vocab: torch.Tensor | None = None) -> torch.Tensor:
+    """Constrain ``logits`` (N, V) in place, row i by ``states[i]`` (see ``TimestampRules``). ``vocab``: the
+    sorted ids of the columns (None: column = id)."""
+    ids = torch.arange(logits.shape[-1]) if vocab is None else vocab
+    mode = torch.tensor([s[0] for s in states])[:, None]
+    last = torch.tensor([s[1] for s in states])[:, None]
+    first = torch.tensor([s[2] for s in states])[:, None]
+    is_ts = ids >= ts.begin
+    forbid = (ids == ts.no_timestamps) | ((mode == 1) & is_ts) | ((mode == 2) & (ids < ts.eos))
+    forbid |= is_ts & (ids < last)
+    early = ~is_ts if ts.max_initial is None else ~is_ts | (ids > ts.begin + ts.max_initial)
+    forbid |= first & early
+    logits.masked_fill_(forbid, NEG_INF)
+    if ts.from_logprob:
+        # log p = log_softmax(z); the row must emit a timestamp when logsumexp(log p[ts]) > max(log p[text])
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        n_text = int((~is_ts).sum())  # text columns come first: ids are sorted
+        timestamp_lp = logprobs[:, n_text:].logsumexp(dim=-1)
+        text_lp = logprobs[:, :n_text].max(dim=-1).values
+        logits[:, :n_text].masked_fill_((timestamp_lp > text_lp)[:, None], NEG_INF)
+    return logits
 
 
 def apply_rules(rules: Rules, logits: torch.Tensor, gen_lens: torch.Tensor, max_new_tokens: int,
-                prefixes: list[list[list[int]]] | None = None) -> torch.Tensor:
+                prefixes: list[list[list[int]]] | None = None, vocab: torch.Tensor | None = None) -> torch.Tensor:
     """Constrain ``logits`` (B, n, V) in place; ``gen_lens`` (B, n) is each position's gen_len.
-    ``prefixes[b][j]`` is the whole decoder sequence before position j (needed only by processors)."""
+    ``prefixes[b][j]`` is the whole decoder sequence before position j (needed by processors and timestamp
+    rules). ``vocab``: the sorted ids of the logits' columns when they cover a reduced vocabulary."""
     if rules.suppress:
-        logits[..., list(rules.suppress)] = NEG_INF
+        logits[..., _columns(vocab, rules.suppress)] = NEG_INF
     if rules.begin_suppress:
         first = gen_lens == 0
         if first.any():
             sub = logits[first]
-            sub[:, list(rules.begin_suppress)] = NEG_INF
+            sub[:, _columns(vocab, rules.begin_suppress)] = NEG_INF
             logits[first] = sub
     if rules.min_new_tokens and rules.eos:
         early = gen_lens < rules.min_new_tokens
         if early.any():
             sub = logits[early]
-            sub[:, list(rules.eos)] = NEG_INF
+            sub[:, _columns(vocab, rules.eos)] = NEG_INF
             logits[early] = sub
-    if rules.forced_first is None and rules.forced_last is None and not rules.processors:
+    processors = rules.processors if vocab is None else ()
+    if rules.forced_first is None and rules.forced_last is None and not processors and rules.timestamps is None:
         return logits
-    for b, j in torch.nonzero(gen_lens < PAD_GEN_LEN).tolist():
+    where = torch.nonzero(gen_lens < PAD_GEN_LEN).tolist()
+    if rules.timestamps is not None and prefixes is not None and where:
+        # (the order of transformers' list: suppressions, then timestamps, then the other processors)
+        rows, cols = zip(*where)
+        index = (torch.tensor(rows), torch.tensor(cols))
+        flat = logits[index]
+        apply_timestamp_rules(rules.timestamps, flat, [rules.timestamps.state(prefixes[b][j]) for b, j in where], vocab)
+        logits[index] = flat
+    for b, j in where:
         g = int(gen_lens[b, j])
         if rules.forced_first is not None and g == 0:
-            _force(logits[b, j], rules.forced_first)
+            _force(logits[b, j], _column(vocab, rules.forced_first))
         if rules.forced_last is not None and g == max_new_tokens - 1:
-            _force(logits[b, j], rules.forced_last)
-        if rules.processors and prefixes is not None and j < len(prefixes[b]):
+            _force(logits[b, j], _column(vocab, rules.forced_last))
+        if processors and prefixes is not None and j < len(prefixes[b]):
             ids = torch.tensor([prefixes[b][j]], dtype=torch.long)
             scores = logits[b, j][None]
-            for proc in rules.processors:
+            for proc in processors:
                 scores = proc(ids, scores)
             logits[b, j] = scores[0]
     return logits
