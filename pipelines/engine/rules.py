@@ -14,6 +14,7 @@ always applies every rule over the full vocabulary.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 import torch
@@ -130,9 +131,8 @@ def _columns(vocab: torch.Tensor | None, tokens) -> list[int]:
     """The columns holding ``tokens`` (those present) in logits over ``vocab`` (sorted ids; None = all)."""
     if vocab is None:
         return list(tokens)
-    ids = torch.tensor(list(tokens), dtype=torch.long)
-    at = torch.searchsorted(vocab, ids).clamp(max=len(vocab) - 1)
-    return at[vocab[at] == ids].tolist()
+    col, ids = _column_of(vocab), _ID_LISTS[id(vocab)][1]
+    return [c for t, c in ((t, col(t)) for t in tokens) if c < len(ids) and ids[c] == t]
 
 
 def _column(vocab: torch.Tensor | None, token: int) -> int | None:
@@ -140,27 +140,49 @@ def _column(vocab: torch.Tensor | None, token: int) -> int | None:
     return found[0] if found else None
 
 
+_ID_LISTS: dict[int, tuple[torch.Tensor, list[int]]] = {}
+
+
+def _column_of(vocab: torch.Tensor | None):
+    """x -> the first column whose id is >= x (columns hold ``vocab``'s sorted ids; None: column = id)."""
+    if vocab is None:
+        return lambda x: x
+    held = _ID_LISTS.get(id(vocab))
+    if held is None or held[0] is not vocab:
+        held = _ID_LISTS[id(vocab)] = (vocab, vocab.tolist())
+    ids = held[1]
+    return lambda x: bisect.bisect_left(ids, x)
+
+
 def apply_timestamp_rules(ts: TimestampRules, logits: torch.Tensor, states: list[tuple[int, int, bool]],
                           vocab: torch.Tensor | None = None) -> torch.Tensor:
     """Constrain ``logits`` (N, V) in place, row i by ``states[i]`` (see ``TimestampRules``). ``vocab``: the
-    sorted ids of the columns (None: column = id)."""
-    ids = torch.arange(logits.shape[-1]) if vocab is None else vocab
-    mode = torch.tensor([s[0] for s in states])[:, None]
-    last = torch.tensor([s[1] for s in states])[:, None]
-    first = torch.tensor([s[2] for s in states])[:, None]
-    is_ts = ids >= ts.begin
-    forbid = (ids == ts.no_timestamps) | ((mode == 1) & is_ts) | ((mode == 2) & (ids < ts.eos))
-    forbid |= is_ts & (ids < last)
-    early = ~is_ts if ts.max_initial is None else ~is_ts | (ids > ts.begin + ts.max_initial)
-    forbid |= first & early
-    logits.masked_fill_(forbid, NEG_INF)
+    sorted ids of the columns (None: column = id). Every rule forbids a range of ids, hence a range of
+    columns: the rows are few, so each range is filled directly."""
+    col = _column_of(vocab)
+    text_end, eos = col(ts.begin), col(ts.eos)  # columns [0, text_end) hold text ids, [text_end, V) timestamps
+    nots = col(ts.no_timestamps)
+    has_nots = vocab is None or (nots < len(vocab) and int(vocab[nots]) == ts.no_timestamps)
+    late = col(ts.begin + ts.max_initial + 1) if ts.max_initial is not None else None
+    for i, (mode, last, first) in enumerate(states):
+        row = logits[i]
+        if has_nots:
+            row[nots] = NEG_INF
+        if mode == 1:
+            row[text_end:] = NEG_INF  # after a timestamp pair: no timestamp
+        elif mode == 2:
+            row[:eos] = NEG_INF  # after a lone timestamp: no text token
+        row[text_end : col(last)] = NEG_INF  # timestamps never decrease
+        if first:
+            row[:text_end] = NEG_INF
+            if late is not None:
+                row[late:] = NEG_INF
     if ts.from_logprob:
         # log p = log_softmax(z); the row must emit a timestamp when logsumexp(log p[ts]) > max(log p[text])
         logprobs = torch.log_softmax(logits.float(), dim=-1)
-        n_text = int((~is_ts).sum())  # text columns come first: ids are sorted
-        timestamp_lp = logprobs[:, n_text:].logsumexp(dim=-1)
-        text_lp = logprobs[:, :n_text].max(dim=-1).values
-        logits[:, :n_text].masked_fill_((timestamp_lp > text_lp)[:, None], NEG_INF)
+        timestamp_lp = logprobs[:, text_end:].logsumexp(dim=-1)
+        text_lp = logprobs[:, :text_end].max(dim=-1).values
+        logits[:, :text_end].masked_fill_((timestamp_lp > text_lp)[:, None], NEG_INF)
     return logits
 
 
