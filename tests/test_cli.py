@@ -28,7 +28,7 @@ def test_broken_models_file_is_one_sentence(tmp_path, capsys):
     assert main(["--models", str(bad), "models"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"tandem: {bad}: pair 'p': field 'mian' is not a known field " \
-                  "(known: assistant, description, draft, dtype, languages, main, prompt_lookup_ngram, " \
+                  "(known: assistant, assistant_int8, description, draft, dtype, languages, main, prompt_lookup_ngram, " \
                   "share_encoder, task, test_only)"
 
 

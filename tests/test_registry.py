@@ -49,6 +49,8 @@ def _broken(**changes):
         (_broken(dtype="int3"), "pair 'p': field 'dtype' is 'int3'"),
         (_broken(draft="model"), "pair 'p': field 'assistant' is missing but draft is 'model'"),
         (_broken(share_encoder=True), "pair 'p': field 'share_encoder' is true but the pair has no assistant"),
+        (_broken(assistant_int8=True), "pair 'p': field 'assistant_int8' is true but the pair has no assistant"),
+        (_broken(assistant_int8="yes"), "pair 'p': field 'assistant_int8' must be true or false"),
         ({"pairs": GOOD["pairs"], "defaults": {"asr": "q"}}, "defaults: asr names pair 'q', which is not defined"),
         ({"pairs": {}}, "'pairs' must be a non-empty mapping"),
         ({"pairs": GOOD["pairs"], "extra": 1}, "unknown top-level key 'extra'"),
