@@ -13,8 +13,11 @@ from pipelines.cli import main
 def test_models_lists_availability_and_verdicts(capsys):
     assert main(["models"]) == 0
     out = capsys.readouterr().out
-    block = out.split("\nwhisper-base (default)\n")[1].split("\n\n")[0]
-    assert "offline:     available" in block and "pre-flight:  ok" in block and "plain decoding" in block
+    block = out.split("\nwhisper-base+distilled (default)\n")[1].split("\n\n")[0]
+    assert "offline:     available" in block and "pre-flight:  ok" in block
+    assert "embedded:whisper-base-distilled, int8 weights  (reads the main encoder output)" in block
+    plain = out.split("\nwhisper-base\n")[1].split("\n\n")[0]
+    assert "plain decoding" in plain and "offline:     available" in plain
     hub = out.split("\nwhisper-large-v3+distil-large-v3\n")[1].split("\n\n")[0]
     assert "not available (needs the model hub)" in hub and "not checked" in hub
     assert "test only" not in out

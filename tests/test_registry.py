@@ -20,7 +20,7 @@ def _write(tmp_path: Path, doc) -> Path:
 
 
 def test_project_registry_loads(registry):
-    assert registry.default("asr").name == "whisper-base"
+    assert registry.default("asr").name == "whisper-base+distilled"
     assert {p.task for p in registry.pairs.values()} == {"asr", "translate", "summarize"}
     hub = [p for p in registry.pairs.values() if p.main.source == "hub"]
     assert any(p.task == "asr" for p in hub) and any(p.task == "translate" for p in hub)
