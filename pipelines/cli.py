@@ -359,7 +359,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     info = build_set("speech-real")
     print(f"sample audio: {info.count} real utterances in {info.folder / 'audio'}")
     return run_transcribe([str(info.folder / "audio")], None, "en", "transcribe", None,
-                          str(info.folder / MANIFEST), args.models, compare=True)
+                          str(info.folder / MANIFEST), args.models, compare=True, batch_size=1)
 
 
 # ----------------------------------------------------------------------------------------------------
