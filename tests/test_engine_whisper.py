@@ -166,3 +166,34 @@ def test_draft_distribution_over_a_reduced_vocabulary_is_full_size(setup):
     outside = torch.ones(model.config.vocab_size, dtype=torch.bool)
     outside[dec.vocab_ids] = False
     assert float(q[outside].sum()) == 0.0 and tok in set(dec.vocab_ids.tolist()) and q[tok] == p_tok
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_whisper_forward_is_bit_equal_to_transformers(setup, dtype):
+    """Tandem's Whisper forward (its own loop over the model's modules) gives exactly transformers' logits,
+    over ragged chunks (prompts of two lengths, drafts, an empty row), in float32 and bfloat16."""
+    from transformers import DynamicCache, EncoderDecoderCache, WhisperForConditionalGeneration
+
+    from pipelines.engine.decoders import RaggedCache, additive_mask
+
+    model = WhisperForConditionalGeneration.from_pretrained(embedded_path("whisper-base"), dtype=dtype).eval()
+    ours = as_decoder(model)
+    enc = setup[1].select(torch.tensor([0, 1]))
+    enc = type(enc)(enc.hidden.to(dtype), None)
+
+    def transformers_forward(chunks, cache):
+        ids, positions, real, allowed = cache.plan(chunks, EOT, ours.max_positions)
+        out = ours.decoder(input_ids=ids, attention_mask=additive_mask(allowed, dtype), encoder_hidden_states=enc.hidden,
+                           cache=cache.cache, position_ids=positions, use_cache=True)
+        return model.proj_out(out.last_hidden_state).float(), real
+
+    steps = [[PROMPT, PROMPT[:3]], [[440, 1029], [50363]], [[318], [440, 11, 262]], [[11], []], [[262, 318, 440, EOT], [1029]]]
+    theirs_cache = RaggedCache(EncoderDecoderCache(DynamicCache(), DynamicCache()), 2, ours.device)
+    our_cache = ours.new_cache(2)
+    with torch.inference_mode():
+        for chunks in steps:
+            want, real = transformers_forward(chunks, theirs_cache)
+            theirs_cache.commit(real)
+            got, real = ours.forward(chunks, our_cache, enc, EOT)
+            our_cache.commit(real)
+            assert torch.equal(got, want)

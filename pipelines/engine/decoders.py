@@ -170,9 +170,37 @@ class Decoder:
         raise NotImplementedError
 
 
+class _Layer:
+    """One layer's self-attention keys and values (B, heads, T, head_dim), grown a chunk at a time."""
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+
+class LeanCache:
+    """The Whisper adapters' cache: self-attention keys/values per layer (compacted and reordered by
+    ``RaggedCache`` like any other) and the cross-attention keys/values, computed once from the encoder
+    output."""
+
+    def __init__(self, layers: int) -> None:
+        self.layers = [_Layer() for _ in range(layers)]
+        self.cross: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def reorder_cache(self, rows: torch.Tensor) -> None:
+        for layer in self.layers:
+            if layer.keys is not None:
+                layer.keys, layer.values = layer.keys.index_select(0, rows), layer.values.index_select(0, rows)
+        if self.cross is not None:
+            self.cross = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.cross]
+
+
 class WhisperDecoder(Decoder):
     """WhisperForConditionalGeneration (main or assistant) or WhisperForCausalLM (decoder-only assistant
-    that reads a Whisper encoder's output)."""
+    that reads a Whisper encoder's output). The forward calls the model's own decoder modules in the order
+    and with the tensor layouts transformers' Whisper decoder uses (pre-norm layers, q scaled after its
+    projection, contiguous heads, SDPA with scale 1), so its logits are bit-equal to transformers' (tested
+    in float32 and bfloat16), without the per-call dispatch: about a fifth of a decoding step here."""
 
     def __init__(self, model) -> None:
         super().__init__(model)
@@ -202,34 +230,41 @@ class WhisperDecoder(Decoder):
         hidden = self.model.model.encoder(input_features.to(self.dtype)).last_hidden_state
         return EncoderOutput(hidden, None)
 
-    def _forward(self, ids, positions, mask, cache, enc):
-        out = self.decoder(input_ids=ids, attention_mask=mask, encoder_hidden_states=enc.hidden, cache=cache,
-                           position_ids=positions, use_cache=True)
-        return self._head(out.last_hidden_state)
+    def new_cache(self, batch: int) -> RaggedCache:
+        return RaggedCache(LeanCache(len(self.decoder.layers)), batch, self.device)
 
+    def _heads(self, t: torch.Tensor, batch: int) -> torch.Tensor:
+        """(B, T, D) -> (B, H, T, D/H), contiguous."""
+        return t.view(batch, t.shape[1], self.config.decoder_attention_heads, -1).transpose(1, 2).contiguous()
 
-class _Layer:
-    """One layer's self-attention keys and values (B, heads, T, head_dim), grown a chunk at a time."""
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """softmax(q k^T + mask) v per head (q is already scaled), heads merged back: (B, n, D)."""
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, scale=1.0, is_causal=False)
+        batch, n = q.shape[0], q.shape[2]
+        return out.reshape(batch, -1, n, out.shape[-1]).transpose(1, 2).contiguous().reshape(batch, n, -1).contiguous()
 
-    def __init__(self) -> None:
-        self.keys: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
-
-
-class DraftCache:
-    """The lean draft decoder's cache: self-attention per layer (compacted by ``RaggedCache`` like any
-    other) and the cross-attention keys/values, computed once from the encoder output."""
-
-    def __init__(self, layers: int) -> None:
-        self.layers = [_Layer() for _ in range(layers)]
-        self.cross: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-
-    def reorder_cache(self, rows: torch.Tensor) -> None:
-        for layer in self.layers:
-            if layer.keys is not None:
-                layer.keys, layer.values = layer.keys.index_select(0, rows), layer.values.index_select(0, rows)
-        if self.cross is not None:
-            self.cross = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.cross]
+    def forward(self, chunks: list[list[int]], cache: RaggedCache, enc: EncoderOutput | None, pad_id: int):
+        ids, positions, real, allowed = cache.plan(chunks, pad_id, self.max_positions)
+        mask = additive_mask(allowed, self.dtype)
+        store: LeanCache = cache.cache
+        batch = ids.shape[0]
+        dec = self.decoder
+        if store.cross is None:
+            store.cross = [(self._heads(layer.encoder_attn.k_proj(enc.hidden), batch),
+                            self._heads(layer.encoder_attn.v_proj(enc.hidden), batch)) for layer in dec.layers]
+        x = dec.embed_tokens(ids) + dec.embed_positions.weight[positions]
+        for layer, kv, (cross_k, cross_v) in zip(dec.layers, store.layers, store.cross):
+            a, c = layer.self_attn, layer.encoder_attn
+            h = layer.self_attn_layer_norm(x)
+            q = self._heads(a.q_proj(h) * a.scaling, batch)
+            k, v = self._heads(a.k_proj(h), batch), self._heads(a.v_proj(h), batch)
+            kv.keys = k if kv.keys is None else torch.cat([kv.keys, k], dim=-2)
+            kv.values = v if kv.values is None else torch.cat([kv.values, v], dim=-2)
+            x = x + a.out_proj(self._attend(q, kv.keys, kv.values, mask))
+            q = self._heads(c.q_proj(layer.encoder_attn_layer_norm(x)) * c.scaling, batch)
+            x = x + c.out_proj(self._attend(q, cross_k, cross_v, None))
+            x = x + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(x))))
+        return self._head(dec.layer_norm(x)).float(), real
 
 
 class Linear:
@@ -304,12 +339,9 @@ class WhisperDraftDecoder(WhisperDecoder):
         head = model.proj_out.weight if self.vocab_ids is None else model.proj_out.weight.index_select(0, self.vocab_ids)
         self.head = lin(head)
 
-    def new_cache(self, batch: int) -> RaggedCache:
-        return RaggedCache(DraftCache(len(self.layers)), batch, self.device)
-
     def forward(self, chunks: list[list[int]], cache: RaggedCache, enc: EncoderOutput | None, pad_id: int):
         ids, positions, real, allowed = cache.plan(chunks, pad_id, self.max_positions)
-        store: DraftCache = cache.cache
+        store: LeanCache = cache.cache
         batch, n = ids.shape
         heads = self.heads
         split = lambda t: t.view(batch, t.shape[1], heads, -1).transpose(1, 2)  # noqa: E731  (B, T, D) -> (B, H, T, D/H)
