@@ -200,7 +200,8 @@ class WhisperDecoder(Decoder):
     that reads a Whisper encoder's output). The forward calls the model's own decoder modules in the order
     and with the tensor layouts transformers' Whisper decoder uses (pre-norm layers, q scaled after its
     projection, contiguous heads, SDPA with scale 1), so its logits are bit-equal to transformers' (tested
-    in float32 and bfloat16), without the per-call dispatch: about a fifth of a decoding step here."""
+    in float32 and bfloat16), without the per-call dispatch (5% of a plain decoding step in an interleaved
+    A/B here)."""
 
     def __init__(self, model) -> None:
         super().__init__(model)
