@@ -164,8 +164,8 @@ def test_draft_distribution_over_a_reduced_vocabulary_is_full_size(setup):
     tok, q, p_tok = drafter._choose(logits, Sampling(temperature=0.8), torch.Generator().manual_seed(0), True)
     assert q.shape == (model.config.vocab_size,) and abs(float(q.sum()) - 1.0) < 1e-5
     outside = torch.ones(model.config.vocab_size, dtype=torch.bool)
-    outside[dec.vocab_ids] = False
-    assert float(q[outside].sum()) == 0.0 and tok in set(dec.vocab_ids.tolist()) and q[tok] == p_tok
+    outside[list(dec.vocab_ids)] = False
+    assert float(q[outside].sum()) == 0.0 and tok in set(dec.vocab_ids) and q[tok] == p_tok
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

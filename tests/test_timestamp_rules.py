@@ -71,7 +71,7 @@ def test_reduced_vocabulary_maps_ids_to_columns():
     full[..., vocab] = sub
     gen = [BEGIN + 10, 440, 1029]
     apply_rules(rules, full, torch.tensor([[len(gen)]]), 448, [[PROMPT + gen]])
-    apply_rules(rules, sub, torch.tensor([[len(gen)]]), 448, [[PROMPT + gen]], vocab=vocab)
+    apply_rules(rules, sub, torch.tensor([[len(gen)]]), 448, [[PROMPT + gen]], vocab=vocab.tolist())
     # forbidden columns agree with the full-vocabulary result (the log-probability rule differs only in its
     # normalisation, which covers the same finite ids here)
     assert torch.equal(torch.isinf(sub[0, 0]), torch.isinf(full[0, 0, vocab]))

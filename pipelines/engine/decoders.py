@@ -141,7 +141,7 @@ class Decoder:
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
         self.max_positions: int | None = None
-        self.vocab_ids: torch.Tensor | None = None  # sorted ids of the logits' columns; None: every id
+        self.vocab_ids: tuple[int, ...] | None = None  # sorted ids of the logits' columns; None: every id
 
     @property
     def is_encoder_decoder(self) -> bool:
@@ -209,7 +209,7 @@ class WhisperDecoder(Decoder):
         self.decoder = model.model.decoder if hasattr(model.model, "decoder") else model.model
         vocab = getattr(self.config, "draft_vocab", None)  # a distilled assistant's reduced head
         if vocab:
-            self.vocab_ids = torch.tensor(sorted(vocab), dtype=torch.long)
+            self.vocab_ids = tuple(sorted(vocab))
         self._draft_head = None
 
     @property
@@ -224,7 +224,8 @@ class WhisperDecoder(Decoder):
         if self.vocab_ids is None:
             return self.model.proj_out(hidden)
         if self._draft_head is None or self._draft_head.dtype != hidden.dtype:
-            self._draft_head = self.model.proj_out.weight.index_select(0, self.vocab_ids).to(hidden.dtype).contiguous()
+            rows = torch.tensor(self.vocab_ids, dtype=torch.long)
+            self._draft_head = self.model.proj_out.weight.index_select(0, rows).to(hidden.dtype).contiguous()
         return torch.nn.functional.linear(hidden, self._draft_head)
 
     def encode(self, input_features: torch.Tensor, **_) -> EncoderOutput:
@@ -337,7 +338,9 @@ class WhisperDraftDecoder(WhisperDecoder):
                 "k2": lin(c.k_proj.weight), "v2": lin(c.v_proj.weight, c.v_proj.bias), "o2": lin(c.out_proj.weight, c.out_proj.bias),
                 "ln3": _layer_norm(layer.final_layer_norm), "fc1": lin(layer.fc1.weight, layer.fc1.bias), "fc2": lin(layer.fc2.weight, layer.fc2.bias),
             })
-        head = model.proj_out.weight if self.vocab_ids is None else model.proj_out.weight.index_select(0, self.vocab_ids)
+        head = model.proj_out.weight
+        if self.vocab_ids is not None:
+            head = head.index_select(0, torch.tensor(self.vocab_ids, dtype=torch.long))
         self.head = lin(head)
 
     def forward(self, chunks: list[list[int]], cache: RaggedCache, enc: EncoderOutput | None, pad_id: int):
@@ -351,6 +354,7 @@ class WhisperDraftDecoder(WhisperDecoder):
             hidden = enc.hidden.float()
             store.cross = [(split(layer["k2"](hidden)), split(layer["v2"](hidden))) for layer in self.layers]
         x = torch.nn.functional.embedding(ids, self.embed) + torch.nn.functional.embedding(positions, self.positions)
+        cross_mask = None if enc.mask is None else enc.mask.bool()[:, None, None, :]
         for layer, kv, (cross_k, cross_v) in zip(self.layers, store.layers, store.cross):
             qkv = layer["qkv"](layer["ln1"](x)).view(batch, n, 3, heads, -1).permute(2, 0, 3, 1, 4)
             kv.keys = qkv[1] if kv.keys is None else torch.cat([kv.keys, qkv[1]], dim=2)
@@ -358,8 +362,7 @@ class WhisperDraftDecoder(WhisperDecoder):
             attn = torch.nn.functional.scaled_dot_product_attention(qkv[0], kv.keys, kv.values, attn_mask=allowed, scale=1.0)
             x = x + layer["o"](merge(attn))
             q = split(layer["q2"](layer["ln2"](x)))
-            mask = None if enc.mask is None else enc.mask.bool()[:, None, None, :]
-            attn = torch.nn.functional.scaled_dot_product_attention(q, cross_k, cross_v, attn_mask=mask, scale=1.0)
+            attn = torch.nn.functional.scaled_dot_product_attention(q, cross_k, cross_v, attn_mask=cross_mask, scale=1.0)
             x = x + layer["o2"](merge(attn))
             x = x + layer["fc2"](torch.nn.functional.gelu(layer["fc1"](layer["ln3"](x))))
         return self.head(self.norm(x)).float(), real

@@ -120,13 +120,13 @@ class ModelDrafter(Drafter):
         if sampling is None:
             col = int(torch.argmax(logits))
             p_tok = float(torch.softmax(logits, dim=-1)[col]) if confidence else 1.0
-            return (col if ids is None else int(ids[col])), None, p_tok
+            return (col if ids is None else ids[col]), None, p_tok
         q = to_probs(logits, sampling)
         col = int(torch.multinomial(q, 1, generator=generator))
         p_tok = float(q[col])
         if ids is not None:  # q over the whole vocabulary: zero outside the draft head
-            q = torch.zeros(self.decoder.config.vocab_size, dtype=q.dtype).index_copy_(0, ids, q)
-            col = int(ids[col])
+            q = torch.zeros(self.decoder.config.vocab_size, dtype=q.dtype).index_copy_(0, torch.tensor(ids), q)
+            col = ids[col]
         return col, q, p_tok
 
     def draft(self, ks, seqs, gen_lens, sampling, generator, stop_below) -> Drafts:

@@ -15,6 +15,7 @@ always applies every rule over the full vocabulary.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -127,42 +128,35 @@ def _force(scores: torch.Tensor, column: int | None) -> None:
     scores[column] = keep if torch.isfinite(keep) else 0.0
 
 
-def _columns(vocab: torch.Tensor | None, tokens) -> list[int]:
+def _column_of(vocab: Sequence[int] | None):
+    """x -> the first column whose id is >= x (columns hold ``vocab``'s sorted ids; None: column = id)."""
+    if vocab is None:
+        return lambda x: x
+    return lambda x: bisect.bisect_left(vocab, x)
+
+
+def _columns(vocab: Sequence[int] | None, tokens) -> list[int]:
     """The columns holding ``tokens`` (those present) in logits over ``vocab`` (sorted ids; None = all)."""
     if vocab is None:
         return list(tokens)
-    col, ids = _column_of(vocab), _ID_LISTS[id(vocab)][1]
-    return [c for t, c in ((t, col(t)) for t in tokens) if c < len(ids) and ids[c] == t]
+    col = _column_of(vocab)
+    return [c for t, c in ((t, col(t)) for t in tokens) if c < len(vocab) and vocab[c] == t]
 
 
-def _column(vocab: torch.Tensor | None, token: int) -> int | None:
+def _column(vocab: Sequence[int] | None, token: int) -> int | None:
     found = _columns(vocab, [token])
     return found[0] if found else None
 
 
-_ID_LISTS: dict[int, tuple[torch.Tensor, list[int]]] = {}
-
-
-def _column_of(vocab: torch.Tensor | None):
-    """x -> the first column whose id is >= x (columns hold ``vocab``'s sorted ids; None: column = id)."""
-    if vocab is None:
-        return lambda x: x
-    held = _ID_LISTS.get(id(vocab))
-    if held is None or held[0] is not vocab:
-        held = _ID_LISTS[id(vocab)] = (vocab, vocab.tolist())
-    ids = held[1]
-    return lambda x: bisect.bisect_left(ids, x)
-
-
 def apply_timestamp_rules(ts: TimestampRules, logits: torch.Tensor, states: list[tuple[int, int, bool]],
-                          vocab: torch.Tensor | None = None) -> torch.Tensor:
+                          vocab: Sequence[int] | None = None) -> torch.Tensor:
     """Constrain ``logits`` (N, V) in place, row i by ``states[i]`` (see ``TimestampRules``). ``vocab``: the
     sorted ids of the columns (None: column = id). Every rule forbids a range of ids, hence a range of
     columns: the rows are few, so each range is filled directly."""
     col = _column_of(vocab)
     text_end, eos = col(ts.begin), col(ts.eos)  # columns [0, text_end) hold text ids, [text_end, V) timestamps
     nots = col(ts.no_timestamps)
-    has_nots = vocab is None or (nots < len(vocab) and int(vocab[nots]) == ts.no_timestamps)
+    has_nots = vocab is None or (nots < len(vocab) and vocab[nots] == ts.no_timestamps)
     late = col(ts.begin + ts.max_initial + 1) if ts.max_initial is not None else None
     for i, (mode, last, first) in enumerate(states):
         row = logits[i]
@@ -187,7 +181,7 @@ def apply_timestamp_rules(ts: TimestampRules, logits: torch.Tensor, states: list
 
 
 def apply_rules(rules: Rules, logits: torch.Tensor, gen_lens: torch.Tensor, max_new_tokens: int,
-                prefixes: list[list[list[int]]] | None = None, vocab: torch.Tensor | None = None) -> torch.Tensor:
+                prefixes: list[list[list[int]]] | None = None, vocab: Sequence[int] | None = None) -> torch.Tensor:
     """Constrain ``logits`` (B, n, V) in place; ``gen_lens`` (B, n) is each position's gen_len.
     ``prefixes[b][j]`` is the whole decoder sequence before position j (needed by processors and timestamp
     rules). ``vocab``: the sorted ids of the logits' columns when they cover a reduced vocabulary."""
