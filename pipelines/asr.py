@@ -6,7 +6,11 @@ decode       Tandem's engine on a batch of windows from different files (ragged 
 postprocess  tokens to text and timed segments; the file's cursor moves to the next window
 
 Long files are decoded window after window as Whisper does (OpenAI's sequential algorithm): with
-timestamps on, a window ends at its last complete segment and the next window starts there. A file of
+timestamps on, a window ends at its last complete segment and the next window starts there. Or, with
+``long_form="chunked"``, a long file is cut at pauses into chunks of at most 30 s that are decoded
+independently, several at a time (the windows of one file then fill a batch; each chunk's segments are
+offset by its start). The two modes can differ in wording at chunk edges; plain and assisted decoding give
+the same tokens in either. A file of
 one window without ``timestamps`` is decoded like ``generate()``'s short-form mode (no timestamp
 tokens), so its tokens can be compared with it one for one. Silent windows are skipped (no
 hallucinated text).
@@ -32,6 +36,9 @@ WINDOW_SECONDS = 30.0  # Whisper's input window
 WINDOW = int(WINDOW_SECONDS * SAMPLE_RATE)
 TIME_PRECISION = 0.02  # seconds per timestamp token
 SILENCE_RMS = 1e-4  # a window quieter than this (root mean square) is silence: nothing to decode
+CHUNK_MIN_SECONDS = 15.0  # chunked long-form: a chunk cut at a pause is at least this long
+CHUNK_MAX_SECONDS = 26.0  # and at most this long (speech in Whisper's last ~3 s is often left for the next window)
+LONG_FORMS = ("sequential", "chunked")
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,13 @@ class TranscribeOptions:
     batch_size: int = 4  # windows of different files decoded together
     timestamps: bool = False  # timestamp tokens even for files of one window (always on for longer files)
     policy: PolicyOptions = PolicyOptions()  # how many tokens the assistant drafts each round
+    long_form: str = "sequential"  # files over 30 s: "sequential" (Whisper's seek) or "chunked" (cut at pauses, batched)
+
+    def __post_init__(self) -> None:
+        if self.long_form not in LONG_FORMS:
+            raise ValueError(f"long_form must be one of {', '.join(LONG_FORMS)}, not {self.long_form!r}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, not {self.batch_size}")
 
 
 @dataclass(frozen=True)
@@ -148,6 +162,7 @@ class _Cursor:
     drafted: float = 0.0
     accepted: float = 0.0
     done: bool = False
+    leftovers: list[tuple[int, np.ndarray]] = field(default_factory=list)  # chunked: (start, samples) to redo
 
 
 def segments_from_tokens(tokens: list[int], timestamp_begin: int, offset: float, window_seconds: float,
@@ -197,6 +212,28 @@ def voiced_frames(audio: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=bool)
     rms = np.sqrt(np.mean(np.square(audio[: n * hop].reshape(n, hop)), axis=1))
     return rms > max(1e-3, 0.05 * float(np.percentile(rms, 95)))
+
+
+def quiet_cut(window: np.ndarray, min_seconds: float = CHUNK_MIN_SECONDS, max_seconds: float = CHUNK_MAX_SECONDS) -> int:
+    """Where to end a chunk that starts at ``window[0]`` when the file goes on past the window: in the
+    middle of the latest of the quietest pauses after ``min_seconds`` (samples from the window's start).
+
+    Frame energy r_i is the RMS of 10 ms frame i, smoothed over 21 frames: e_i = mean(r_{i-10..i+10}).
+    Frames with e_i <= 1.5 * min(e) + 1e-4 between min_seconds and max_seconds (and 0.1 s before the
+    window's end) are quiet; the cut goes mid-way through the last run of quiet frames (later = fewer,
+    longer chunks)."""
+    hop = SAMPLE_RATE // 100
+    n = len(window) // hop
+    lo, hi = int(min_seconds * 100), min(n - 10, int(max_seconds * 100))
+    if hi <= lo:
+        return len(window)
+    rms = np.sqrt(np.mean(np.square(window[: n * hop].reshape(n, hop).astype(np.float64)), axis=1))
+    energy = np.convolve(rms, np.ones(21) / 21, mode="same")[lo:hi]
+    quiet = np.flatnonzero(energy <= 1.5 * float(energy.min()) + 1e-4)
+    last = first = int(quiet[-1])
+    while first > 0 and energy[first - 1] <= 1.5 * float(energy.min()) + 1e-4:
+        first -= 1
+    return (lo + (first + last) // 2) * hop
 
 
 def tighten_segments(segments: list[Segment], voiced: np.ndarray, offset: float, margin: float = 0.1) -> list[Segment]:
@@ -344,6 +381,7 @@ def _open(path: Path, options: TranscribeOptions) -> _Cursor:
 
 
 def _finish(cur: _Cursor, compare: bool) -> Transcript:
+    cur.segments.sort(key=lambda seg: seg.start)  # chunked mode may decode a leftover after later chunks
     text = " ".join(s.text for s in cur.segments).strip()
     return Transcript(
         str(cur.path), text, cur.reader.known_length / SAMPLE_RATE, cur.seconds, None, tuple(cur.segments),
@@ -352,34 +390,68 @@ def _finish(cur: _Cursor, compare: bool) -> Transcript:
     )
 
 
-def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptions) -> None:
-    """Advance every active cursor by one window: silent windows are skipped, the rest decoded together."""
-    work: dict[bool, list[tuple[_Cursor, np.ndarray]]] = {True: [], False: []}
+def _next_chunk(cur: _Cursor, options: TranscribeOptions) -> tuple[int, np.ndarray] | None:
+    """The cursor's next piece of audio to decode: (start sample, samples), or None when the file is done.
+    Sequential mode gives the 30 s window at the seek (the seek moves after decoding, by the timestamps);
+    chunked mode cuts the window at a pause (``quiet_cut``) and moves the seek past it now."""
+    if cur.leftovers:
+        return cur.leftovers.pop(0)
+    audio = cur.reader.window(cur.seek)
+    if len(audio) == 0:
+        return None
+    start = cur.seek
+    if options.long_form == "chunked" and not cur.single:
+        last = cur.reader.ended and start + len(audio) >= cur.reader.known_length
+        audio = audio if last else audio[: quiet_cut(audio)]
+        cur.seek += len(audio)
+    return start, audio
+
+
+def _is_silent(audio: np.ndarray) -> bool:
+    return float(np.sqrt(np.mean(np.square(audio)))) < SILENCE_RMS
+
+
+def _gather(runner: WhisperRunner, active: list[_Cursor],
+            options: TranscribeOptions) -> dict[bool, list[tuple[_Cursor, int, np.ndarray]]]:
+    """The pieces to decode in this step, by timestamp mode: one window per file (sequential), or in
+    chunked mode as many chunks of the active files as fill the batch. Silent pieces are skipped."""
+    work: dict[bool, list[tuple[_Cursor, int, np.ndarray]]] = {True: [], False: []}
+    chunked = options.long_form == "chunked"
     for cur in active:
-        audio = cur.reader.window(cur.seek)
-        if len(audio) == 0:
-            cur.done = True
-            continue
-        if float(np.sqrt(np.mean(np.square(audio)))) < SILENCE_RMS:
-            cur.seek += len(audio)
-            cur.done = cur.reader.ended and cur.seek >= cur.reader.known_length
-            continue
-        if cur.prompt is None:
-            if options.language is None and runner.multilingual:
-                cur.language = runner.language_of(runner.feats([audio]))
-            else:
-                cur.language = options.language or "en"
-            cur.prompt = runner.prompt(cur.language, options.task, timestamps=not cur.single)
-        work[not cur.single].append((cur, audio))
+        while not cur.done and sum(map(len, work.values())) < max(1, options.batch_size):
+            piece = _next_chunk(cur, options)
+            if piece is None:
+                break
+            start, audio = piece
+            if _is_silent(audio):
+                if not (chunked and not cur.single):
+                    cur.seek += len(audio)
+                cur.done = cur.reader.ended and cur.seek >= cur.reader.known_length
+                continue
+            if cur.prompt is None:
+                if options.language is None and runner.multilingual:
+                    cur.language = runner.language_of(runner.feats([audio]))
+                else:
+                    cur.language = options.language or "en"
+                cur.prompt = runner.prompt(cur.language, options.task, timestamps=not cur.single)
+            work[not cur.single].append((cur, start, audio))
+            if not (chunked and not cur.single):
+                break  # sequential: the next window depends on this one's timestamps
+    return work
+
+
+def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptions) -> None:
+    """Advance every active cursor: its next window (or chunks) decoded together with the other files'."""
+    work = _gather(runner, active, options)
     for timestamps, items in work.items():
         if not items:
             continue
         # batch rows must share the prompt length (same model, same mode: always true here)
-        result = runner.decode_windows([a for _, a in items], [c.prompt for c, _ in items], timestamps, options)
+        result = runner.decode_windows([a for _, _, a in items], [c.prompt for c, _, _ in items], timestamps, options)
         share = 1.0 / len(items)
-        for row, (cur, audio) in enumerate(items):
+        for row, (cur, start, audio) in enumerate(items):
             tokens = [t for t in result.tokens[row] if t != runner.model.generation_config.eos_token_id]
-            offset = cur.seek / SAMPLE_RATE
+            offset = start / SAMPLE_RATE
             length = len(audio) / SAMPLE_RATE
             if timestamps:
                 segs, advance = segments_from_tokens(tokens, runner.timestamp_begin, offset, length,
@@ -389,9 +461,22 @@ def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptio
                 segs, advance = ([Segment(round(offset, 2), round(offset + length, 2), text)] if text else []), length
             voiced = voiced_frames(audio)
             cur.segments += split_at_pauses(tighten_segments(segs, voiced, offset), voiced, offset)
-            cur.seek += max(1, int(round(advance * SAMPLE_RATE)))
-            cur.done = cur.reader.ended and cur.seek >= cur.reader.known_length
+            if options.long_form == "sequential" or cur.single:
+                cur.seek += max(1, int(round(advance * SAMPLE_RATE)))
+            else:
+                _keep_leftover(cur, start, audio, advance, voiced)
             _account(cur, result, row, share)
+    for cur in active:
+        cur.done = not cur.leftovers and cur.reader.ended and cur.seek >= cur.reader.known_length
+
+
+def _keep_leftover(cur: _Cursor, start: int, audio: np.ndarray, advance: float, voiced: np.ndarray) -> None:
+    """Chunked mode: Whisper stopped at a complete segment before the chunk's end (its sequential
+    algorithm would seek there). If 0.2 s or more of voice (``voiced``: the chunk's ``voiced_frames``)
+    remains after that point, decode the rest as a chunk of its own."""
+    cut = int(round(advance * SAMPLE_RATE))
+    if 0 < cut and len(audio) - cut >= SAMPLE_RATE and voiced[cut // (SAMPLE_RATE // 100):].sum() >= 20:
+        cur.leftovers.append((start + cut, audio[cut:]))
 
 
 def _account(cur: _Cursor, result, row: int, share: float) -> None:

@@ -337,10 +337,19 @@ def _fw_model(compute_type: str, threads: int, warm_path: str):
     return model
 
 
-def _fw_transcribe(model, paths: list[str]) -> list[str]:
+def _fw_transcribe(model, paths: list[str], batch_size: int | None = None) -> list[str]:
+    """faster-whisper greedy: its sequential transcribe, or with ``batch_size`` its BatchedInferencePipeline
+    (Silero VAD cuts the audio into chunks decoded together; timestamps on, like Tandem's chunked mode)."""
+    from faster_whisper import BatchedInferencePipeline
+
+    pipe = BatchedInferencePipeline(model) if batch_size else None
     out = []
     for p in paths:
-        segments, _ = model.transcribe(p, language="en", beam_size=1, temperature=0.0, condition_on_previous_text=False)
+        if pipe is None:
+            segments, _ = model.transcribe(p, language="en", beam_size=1, temperature=0.0, condition_on_previous_text=False)
+        else:
+            segments, _ = pipe.transcribe(p, language="en", beam_size=1, temperature=0.0, condition_on_previous_text=False,
+                                          without_timestamps=False, batch_size=batch_size)
         out.append(" ".join(s.text.strip() for s in segments).strip())
     return out
 
@@ -370,7 +379,10 @@ def _hf_transcribe(paths: list[str], runner, assistant) -> list[str]:
 
 
 def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synth", "speech-long"), limit: int = 60,
-              batch_size: int = 8, json_path: str | None = None, log=print) -> dict:
+              batch_size: int = 8, json_path: str | None = None, log=print, chunk_batch: int = 8) -> dict:
+    """Every system on every set, one after the other in this process. On a set with files over 30 s, also
+    the chunked long-form systems: faster-whisper's batched pipeline and Tandem's ``long_form="chunked"``,
+    ``chunk_batch`` chunks at a time (their identical-output rate is against Tandem plain chunked)."""
     from .asr import TranscribeOptions, WhisperRunner, transcribe
     from .evalsets import build_set, read_manifest
     from .metrics import wer
@@ -380,7 +392,7 @@ def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synt
     threads = torch.get_num_threads()
     log(f"environment: {environment()}")
     log(f"pair: {pair.name} ({pair.main}, assistant {pair.assistant or 'none'}); Tandem batch {batch_size}")
-    log(f"{'set':13s} {'system':34s} {'files':>5s} {'audio s':>8s} {'wall s':>7s} {'RTF':>6s} {'speedup':>8s} {'WER':>6s} {'identical':>9s} {'tok/call':>9s}")
+    log(f"{'set':13s} {'system':42s} {'files':>5s} {'audio s':>8s} {'wall s':>7s} {'RTF':>6s} {'speedup':>8s} {'WER':>6s} {'identical':>9s} {'tok/call':>9s}")
     runners = {d: WhisperRunner(pair, d) for d in ("float32", "bfloat16")}
     rows: list[AsrRow] = []
     for set_name in sets:
@@ -408,34 +420,41 @@ def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synt
             if runners[dtype].loaded.assistant_model is not None:
                 timed(f"transformers assisted {dtype}",
                       lambda d=dtype: _hf_transcribe(paths, runners[d], runners[d].loaded.assistant_model))
+        long_files = any(i["duration"] > 30.0 for i in items)
         try:
             for compute in ("int8", "float32"):
                 fw = _fw_model(compute, threads, paths[0])
                 timed(f"faster-whisper {compute}", lambda m=fw: _fw_transcribe(m, paths))
+                if long_files and compute == "int8":
+                    timed(f"faster-whisper {compute} batched {chunk_batch}",
+                          lambda m=fw: _fw_transcribe(m, paths, chunk_batch))
                 del fw
         except ImportError:
             log("faster-whisper is not installed (pip install 'tandem-pipelines[bench]'): its rows are left out")
-        for dtype in ("float32", "bfloat16"):
-            for assisted in (False, True):
-                if assisted and not pair.uses_assistant:
-                    continue
-                opts = TranscribeOptions(use_assistant=assisted, batch_size=batch_size, dtype=dtype)
-                name = f"tandem {'assisted' if assisted else 'plain'} {dtype}"
-                timed(name, lambda n=name, o=opts, d=dtype: tandem(n, o, runners[d]))
+        modes = [("sequential", batch_size, "")] + ([("chunked", chunk_batch, f" chunked {chunk_batch}")] if long_files else [])
+        for long_form, batch, suffix in modes:
+            for dtype in ("float32", "bfloat16"):
+                for assisted in (False, True):
+                    if assisted and not pair.uses_assistant:
+                        continue
+                    opts = TranscribeOptions(use_assistant=assisted, batch_size=batch, dtype=dtype, long_form=long_form)
+                    name = f"tandem {'assisted' if assisted else 'plain'} {dtype}{suffix}"
+                    timed(name, lambda n=name, o=opts, d=dtype: tandem(n, o, runners[d]))
         base_wall = results["transformers plain float32"][1]
         for name, (texts, wall) in results.items():
             ident = None
             if name.startswith("tandem"):
-                plain = results[f"tandem plain {name.split()[-1]}"][0]
+                plain = results[name.replace("assisted", "plain")][0]
                 ident = sum(a == b for a, b in zip(texts, plain)) / len(texts)
             row = AsrRow(set_name, name, len(paths), audio_s, wall, wall / audio_s, base_wall / wall,
                          wer(texts, refs).value, ident, per_call.get(name))
             rows.append(row)
             idt = f"{100 * ident:8.0f}%" if ident is not None else f"{'-':>9s}"
             tpc = f"{row.tokens_per_call:9.2f}" if row.tokens_per_call else f"{'-':>9s}"
-            log(f"{set_name:13s} {name:34s} {row.files:5d} {audio_s:8.1f} {wall:7.1f} {row.rtf:6.3f} {row.speedup:7.2f}x "
+            log(f"{set_name:13s} {name:42s} {row.files:5d} {audio_s:8.1f} {wall:7.1f} {row.rtf:6.3f} {row.speedup:7.2f}x "
                 f"{100 * row.wer:5.1f}% {idt} {tpc}")
-    report = {"environment": environment(), "pair": pair.name, "batch_size": batch_size, "rows": [asdict(r) for r in rows]}
+    report = {"environment": environment(), "pair": pair.name, "batch_size": batch_size, "chunk_batch": chunk_batch,
+              "rows": [asdict(r) for r in rows]}
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(report, indent=1))

@@ -113,7 +113,8 @@ def _load_refs(manifest: str | None) -> dict[str, str]:
 def run_transcribe(paths: list[str], pair_name: str | None, language: str | None, task: str, dtype: str | None,
                    refs_manifest: str | None, models: str | None, use_assistant: bool = True,
                    compare: bool = False, out: str | None = None, formats: tuple[str, ...] = ("txt",),
-                   batch_size: int = 4, timestamps: bool = False, quiet: bool = False) -> int:
+                   batch_size: int = 4, timestamps: bool = False, quiet: bool = False,
+                   long_form: str = "sequential") -> int:
     from tqdm import tqdm
 
     from .asr import TranscribeOptions, find_audio, transcribe
@@ -128,7 +129,7 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
         return 2
     options = TranscribeOptions(language=None if language == "auto" else language, task=task, dtype=dtype,
                                 use_assistant=use_assistant, compare=compare, batch_size=batch_size,
-                                timestamps=timestamps or any(f in ("srt", "vtt", "tsv") for f in (formats if out else ())))
+                                long_form=long_form, timestamps=timestamps or any(f in ("srt", "vtt", "tsv") for f in (formats if out else ())))
     refs = _load_refs(refs_manifest)
     files = find_audio(paths)
     if not files:
@@ -140,7 +141,8 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
         mode = "plain decoding" + ("" if use_assistant else " (--no-assistant)")
     else:
         mode = f"drafts from {pair.assistant or 'prompt lookup'}"
-    print(f"pair {pair.name}: {pair.main}, {mode}, {options.dtype or pair.dtype}, batch {batch_size}")
+    print(f"pair {pair.name}: {pair.main}, {mode}, {options.dtype or pair.dtype}, batch {batch_size}"
+          + (", long files in chunks" if long_form == "chunked" else ""))
     if tree and len(todo) < len(files):
         print(f"resuming: {len(files) - len(todo)} of {len(files)} files already done in {out}")
     start = time.perf_counter()
@@ -207,7 +209,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         return 2
     return run_transcribe(args.paths, args.pair, args.language, args.task, args.dtype, args.refs, args.models,
                           use_assistant=not args.no_assistant, compare=args.compare, out=args.out, formats=formats,
-                          batch_size=args.batch_size, timestamps=args.timestamps)
+                          batch_size=args.batch_size, timestamps=args.timestamps, long_form=args.long_form)
 
 
 def _read_texts(args: argparse.Namespace) -> list[str]:
@@ -295,7 +297,7 @@ def cmd_bench_asr(args: argparse.Namespace) -> int:
     from .bench import bench_asr
 
     sets = tuple(x.strip() for x in args.sets.split(",") if x.strip())
-    bench_asr(args.pair, sets, args.limit, args.batch_size, args.json)
+    bench_asr(args.pair, sets, args.limit, args.batch_size, args.json, chunk_batch=args.chunk_batch)
     return 0
 
 
@@ -398,7 +400,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--refs", metavar="MANIFEST", help="a manifest.jsonl with reference texts: prints WER")
     p.add_argument("--out", metavar="DIR", help="write outputs here (mirroring the input folders), resumable")
     p.add_argument("--formats", default="txt", help="comma-separated: txt,json,srt,vtt,tsv (default: txt)")
-    p.add_argument("--batch-size", type=int, default=4, help="files decoded together (default: 4)")
+    p.add_argument("--batch-size", type=int, default=4,
+                   help="windows decoded together: of different files, or with --long-form chunked also chunks of one file (default: 4)")
+    p.add_argument("--long-form", choices=["sequential", "chunked"], default="sequential",
+                   help="files over 30 s: window after window as Whisper seeks (default), or cut at pauses into "
+                        "chunks of at most 30 s decoded several at a time (faster in batches; wording may differ at chunk edges)")
     p.add_argument("--timestamps", action="store_true", help="timestamp tokens even for clips under 30 s (on for srt/vtt/tsv)")
     p.add_argument("--no-assistant", action="store_true", help="plain decoding with the pair's main model")
     p.add_argument("--compare", action="store_true", help="also decode plainly: speedup and identical-output rate")
@@ -447,6 +453,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--sets", default="speech-real,speech-synth,speech-long", help="comma-separated sets (default: %(default)s)")
     b.add_argument("--limit", type=int, default=60, help="files per set at most (default: %(default)s)")
     b.add_argument("--batch-size", type=int, default=8, help="Tandem's files per batch (default: %(default)s)")
+    b.add_argument("--chunk-batch", type=int, default=8,
+                   help="sets with files over 30 s: chunks per batch of the chunked long-form rows, Tandem's and "
+                        "faster-whisper's batched pipeline (default: %(default)s)")
     b.add_argument("--json", default="reports/bench-asr.json", help="where to write the figures (default: %(default)s)")
     b.set_defaults(func=cmd_bench_asr)
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from pipelines.asr import Segment, TranscribeOptions, transcribe
+from pipelines.asr import Segment, TranscribeOptions, quiet_cut, transcribe
 from pipelines.cli import main
 from pipelines.outputs import format_srt, format_vtt
 
@@ -166,6 +166,42 @@ def test_assisted_long_form_is_identical_to_plain(registry, speech_long):
     pair = registry.get("whisper-base+truncated-2l")
     results = list(transcribe([item["audio_path"]], pair, TranscribeOptions(compare=True, batch_size=2)))
     assert results[0].identical is True and results[0].drafted > 0 and results[0].plain_seconds > 0
+
+
+def test_quiet_cut_goes_in_the_middle_of_the_last_pause():
+    """Noise at 0.003 RMS everywhere, tones with pauses at 8-9 s, 18-18.6 s and 24-25 s: the cut is in the
+    middle of the last pause after 15 s, not in the first one nor at the window's end."""
+    rng = np.random.default_rng(0)
+    t = np.arange(30 * 16000) / 16000
+    audio = 0.2 * np.sin(2 * np.pi * 220 * t) + rng.normal(0, 0.003, len(t))
+    for a, b in ((8.0, 9.0), (18.0, 18.6), (24.0, 25.0)):
+        audio[int(a * 16000): int(b * 16000)] = rng.normal(0, 0.003, int((b - a) * 16000))
+    cut = quiet_cut(audio.astype(np.float32)) / 16000
+    assert 24.3 <= cut <= 24.7, cut
+    assert quiet_cut(audio[: 10 * 16000].astype(np.float32)) == 10 * 16000  # nothing after 15 s: keep it all
+
+
+def test_chunked_long_form_times_and_identical_output(registry, speech_long):
+    """Chunked long-form: the shortest recording cut at pauses, its chunks decoded in one batch; sentence
+    times within 1 s, the words as good as sequential decoding's, the assistant's output equal to plain."""
+    from pipelines.metrics import wer
+
+    item = min(speech_long, key=lambda i: i["duration"])
+    pair = registry.get("whisper-base+truncated-2l")
+    result = next(transcribe([item["audio_path"]], pair, TranscribeOptions(compare=True, batch_size=4, long_form="chunked")))
+    assert result.identical is True and result.drafted > 0
+    hits, total = _timing_hits([item], {item["audio_path"]: result})
+    assert hits / total >= 0.9, (hits, total)
+    assert wer([result.text], [item["reference"]]).value < 0.1
+    starts = [s.start for s in result.segments]
+    assert starts == sorted(starts) and result.duration == pytest.approx(item["duration"], abs=0.01)
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="long_form"):
+        TranscribeOptions(long_form="parallel")
+    with pytest.raises(ValueError, match="batch_size"):
+        TranscribeOptions(batch_size=0)
 
 
 def test_subtitle_formats():
