@@ -335,9 +335,18 @@ class WhisperRunner:
     def timestamp_begin(self) -> int:
         return self.model.generation_config.no_timestamps_token_id + 1
 
-    def language_of(self, features) -> str:
+    def encode(self, windows: list[np.ndarray]):
+        """The main encoder's output for these windows, (windows, frames, d_model)."""
         with self._torch.inference_mode():
-            lang_id = int(self.model.detect_language(features)[0])
+            return self.loaded.plain.main.encode(input_features=self.feats(windows)).hidden
+
+    def language_of(self, hidden) -> str:
+        """Whisper's language detection from one window's encoder output (``encode``), so that the
+        window's encoder pass also serves its decoding."""
+        from transformers.modeling_outputs import BaseModelOutput
+
+        with self._torch.inference_mode():
+            lang_id = int(self.model.detect_language(encoder_outputs=BaseModelOutput(last_hidden_state=hidden))[0])
         return self.tokenizer.convert_ids_to_tokens(lang_id)[2:-2]
 
     def prompt(self, language: str | None, task: str, timestamps: bool) -> list[int]:
@@ -364,15 +373,25 @@ class WhisperRunner:
         return x.to(self.model.dtype)
 
     def decode_windows(self, windows: list[np.ndarray], prompts: list[list[int]], timestamps: bool,
-                       options: TranscribeOptions):
-        """One engine call over windows of several files (same prompt length). Returns tokens per window,
-        stats, and (with compare) the plain run's tokens and stats."""
+                       options: TranscribeOptions, encoded: list | None = None):
+        """One engine call over windows of several files (same prompt length). ``encoded``: per window, its
+        encoder output when it was already computed (language detection), else None. Returns tokens per
+        window, stats, and (with compare) the plain run's tokens and stats."""
+        from .engine.decoders import EncoderOutput
+
         x = self.feats(windows)
+        encoder_output = None
+        if encoded is not None and any(h is not None for h in encoded):
+            missing = [i for i, h in enumerate(encoded) if h is None]
+            fresh = iter(self.encode([windows[i] for i in missing]) if missing else [])
+            hidden = self._torch.stack([h if h is not None else next(fresh) for h in encoded])
+            encoder_output = EncoderOutput(hidden, None)
         rules = self.rules(len(prompts[0]), timestamps, options.max_new_tokens)
         decode_options = DecodeOptions(max_new_tokens=options.max_new_tokens, policy=options.policy,
                                        compare_plain=options.compare and options.use_assistant)
         engine = self.loaded.engine if options.use_assistant else self.loaded.plain
-        return engine.generate(prompts, rules, decode_options, encoder_inputs={"input_features": x})
+        return engine.generate(prompts, rules, decode_options, encoder_inputs={"input_features": x},
+                               encoder_output=encoder_output)
 
 
 def _open(path: Path, options: TranscribeOptions) -> _Cursor:
@@ -411,11 +430,14 @@ def _is_silent(audio: np.ndarray) -> bool:
     return float(np.sqrt(np.mean(np.square(audio)))) < SILENCE_RMS
 
 
-def _gather(runner: WhisperRunner, active: list[_Cursor],
-            options: TranscribeOptions) -> dict[bool, list[tuple[_Cursor, int, np.ndarray]]]:
+Piece = tuple[_Cursor, int, np.ndarray, object]  # cursor, start sample, samples, encoder output or None
+
+
+def _gather(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptions) -> dict[bool, list[Piece]]:
     """The pieces to decode in this step, by timestamp mode: one window per file (sequential), or in
-    chunked mode as many chunks of the active files as fill the batch. Silent pieces are skipped."""
-    work: dict[bool, list[tuple[_Cursor, int, np.ndarray]]] = {True: [], False: []}
+    chunked mode as many chunks of the active files as fill the batch. Silent pieces are skipped. A
+    file's first piece detects its language (``language=None``) and keeps that encoder output."""
+    work: dict[bool, list[Piece]] = {True: [], False: []}
     chunked = options.long_form == "chunked"
     for cur in active:
         while not cur.done and sum(map(len, work.values())) < max(1, options.batch_size):
@@ -428,13 +450,15 @@ def _gather(runner: WhisperRunner, active: list[_Cursor],
                     cur.seek += len(audio)
                 cur.done = cur.reader.ended and cur.seek >= cur.reader.known_length
                 continue
+            hidden = None
             if cur.prompt is None:
                 if options.language is None and runner.multilingual:
-                    cur.language = runner.language_of(runner.feats([audio]))
+                    hidden = runner.encode([audio])[0]
+                    cur.language = runner.language_of(hidden[None])
                 else:
                     cur.language = options.language or "en"
                 cur.prompt = runner.prompt(cur.language, options.task, timestamps=not cur.single)
-            work[not cur.single].append((cur, start, audio))
+            work[not cur.single].append((cur, start, audio, hidden))
             if not (chunked and not cur.single):
                 break  # sequential: the next window depends on this one's timestamps
     return work
@@ -447,9 +471,10 @@ def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptio
         if not items:
             continue
         # batch rows must share the prompt length (same model, same mode: always true here)
-        result = runner.decode_windows([a for _, _, a in items], [c.prompt for c, _, _ in items], timestamps, options)
+        result = runner.decode_windows([a for _, _, a, _ in items], [c.prompt for c, _, _, _ in items], timestamps,
+                                       options, encoded=[h for _, _, _, h in items])
         share = 1.0 / len(items)
-        for row, (cur, start, audio) in enumerate(items):
+        for row, (cur, start, audio, _) in enumerate(items):
             tokens = [t for t in result.tokens[row] if t != runner.model.generation_config.eos_token_id]
             offset = start / SAMPLE_RATE
             length = len(audio) / SAMPLE_RATE

@@ -197,6 +197,26 @@ def test_chunked_long_form_times_and_identical_output(registry, speech_long):
     assert starts == sorted(starts) and result.duration == pytest.approx(item["duration"], abs=0.01)
 
 
+def test_language_detection_reuses_the_encoder_pass(registry, base_runner, speech_real, monkeypatch):
+    """--language auto: each file's first window is encoded once, for detection and decoding both."""
+    paths = [i["audio_path"] for i in speech_real[:2]]
+    main = base_runner.loaded.main
+    calls = []
+    real_encode = main.encode
+
+    def counting(**inputs):
+        calls.append(inputs["input_features"].shape[0])
+        return real_encode(**inputs)
+
+    monkeypatch.setattr(main, "encode", counting)
+    pair = registry.get("whisper-base")
+    auto = list(transcribe(paths, pair, TranscribeOptions(language=None, batch_size=2), base_runner))
+    assert calls == [1, 1] and [r.language for r in auto] == ["en", "en"]
+    calls.clear()
+    english = list(transcribe(paths, pair, TranscribeOptions(language="en", batch_size=2), base_runner))
+    assert calls == [2] and [r.text for r in auto] == [r.text for r in english]
+
+
 def test_options_are_checked():
     with pytest.raises(ValueError, match="long_form"):
         TranscribeOptions(long_form="parallel")
