@@ -240,7 +240,7 @@ class AssistedDecoder:
                 if drafter is not None:
                     drafter.select(keep_rows)
                 policy.select(keep_rows)
-            cache.maybe_compact()
+            cache.maybe_compact(self.main.compact_at)
 
         total_s = time.perf_counter() - t_start
         stats = DecodeStats(

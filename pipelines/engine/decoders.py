@@ -24,6 +24,7 @@ its adapter embeds tokens and positions itself and then calls the family's decod
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -97,8 +98,10 @@ class RaggedCache:
         self.next_pos = self.next_pos.index_select(0, rows)
 
     def maybe_compact(self, threshold: float = 0.5) -> None:
-        """Gather each row's real slots to the front when holes exceed ``threshold`` of the cache."""
-        if self.length == 0 or self.valid.float().mean().item() > 1 - threshold:
+        """Gather each row's real slots to the front when holes are more than ``threshold`` of the cache
+        (0: whenever there is one)."""
+        holes = 1.0 - self.valid.float().mean().item() if self.length else 0.0
+        if holes == 0.0 or holes <= threshold:
             return
         counts = self.valid.sum(dim=1)
         width = int(counts.max().item())
@@ -130,6 +133,44 @@ def _encoder_mask(enc: EncoderOutput, n: int, dtype: torch.dtype) -> torch.Tenso
     return additive_mask(allowed, dtype)
 
 
+@functools.lru_cache(maxsize=None)
+def row_stable_kernels(dtype: torch.dtype) -> bool:
+    """Whether this machine's matrix products in ``dtype`` give every row the same bits whether it is
+    computed with 1 other row or with 2 to 8 others (the products of a Whisper base decoder: 512 and 2048
+    wide, its 51,865-token head, and attention's batched products). Checked once per dtype on seeded random
+    data, 48 rows at a time. One row alone is not asked about: a single-row product takes another kernel
+    (here: the 2,048-input fc2 rounds differently), which is why ``stable_linear`` pads it to two rows."""
+    gen = torch.Generator().manual_seed(0)
+    rand = lambda *shape: torch.randn(*shape, generator=gen).to(dtype)  # noqa: E731
+    products = [(rand(out, inp) * 0.05, rand(48, inp)) for out, inp in ((512, 512), (2048, 512), (512, 2048), (51865, 512))]
+    keys, probs = rand(8, 1500, 64), torch.softmax(torch.randn(8, 48, 1500, generator=gen), -1).to(dtype)
+    with torch.inference_mode():
+        for m in range(3, 10):
+            for weight, x in products:
+                pairs = torch.cat([torch.nn.functional.linear(x[i:i + 2], weight) for i in range(0, 48, 2)])
+                groups = torch.cat([torch.nn.functional.linear(x[i:i + m], weight) for i in range(0, 48, m)])
+                if not torch.equal(pairs, groups):
+                    return False
+            for a, b in ((rand(8, 48, 64), keys.transpose(1, 2)), (probs, keys)):
+                pairs = torch.cat([torch.matmul(a[:, i:i + 2], b) for i in range(0, 48, 2)], dim=1)
+                groups = torch.cat([torch.matmul(a[:, i:i + m], b) for i in range(0, 48, m)], dim=1)
+                if not torch.equal(pairs, groups):
+                    return False
+    return True
+
+
+def stable_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` for x (B, n, D), with a product of one row computed as two (the row twice), so that a
+    row's result does not depend on how many rows it came with (see ``row_stable_kernels``)."""
+    if x.shape[0] * x.shape[1] == 1:
+        return torch.nn.functional.linear(torch.cat([x, x], 1), module.weight, module.bias)[:, :1]
+    return torch.nn.functional.linear(x, module.weight, module.bias)
+
+
+def _call(module, x: torch.Tensor) -> torch.Tensor:
+    return module(x)
+
+
 class Decoder:
     """One model seen as a decoder: ``encode`` (if it has an encoder), a fresh cache, and ``forward``
     over a chunk of new tokens per row returning float32 logits (B, n, V). An assistant with a reduced draft
@@ -142,6 +183,7 @@ class Decoder:
         self.device = next(model.parameters()).device
         self.max_positions: int | None = None
         self.vocab_ids: tuple[int, ...] | None = None  # sorted ids of the logits' columns; None: every id
+        self.compact_at = 0.5  # compact the cache when holes pass this share of it (RaggedCache.maybe_compact)
 
     @property
     def is_encoder_decoder(self) -> bool:
@@ -211,6 +253,14 @@ class WhisperDecoder(Decoder):
         if vocab:
             self.vocab_ids = tuple(sorted(vocab))
         self._draft_head = None
+        # Below float32, a verify pass over several tokens rounds differently from one-token steps (a
+        # one-row product takes another kernel; attention over several queries another path; holes in
+        # the cache move terms of the softmax's sums). Where the kernels allow it, compute so that every
+        # token's logits have the same bits either way: products of one row done as two, attention as
+        # plain matrix products with a float32 softmax, and the cache compacted whenever it has a hole.
+        self.row_stable = self.dtype != torch.float32 and row_stable_kernels(self.dtype)
+        if self.row_stable:
+            self.compact_at = 0.0
 
     @property
     def reads_encoder(self) -> bool:
@@ -239,6 +289,19 @@ class WhisperDecoder(Decoder):
         """(B, T, D) -> (B, H, T, D/H), contiguous."""
         return t.view(batch, t.shape[1], self.config.decoder_attention_heads, -1).transpose(1, 2).contiguous()
 
+    def _attend_stable(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """softmax(q k^T + mask) v per head as two matrix products and a float32 softmax, a single query
+        padded to two rows: each query's result has the same bits alone or in a verify pass. (B, n, D)."""
+        batch, heads, n, dim = q.shape
+        if n == 1:
+            q = torch.cat([q, q], dim=2)
+            mask = None if mask is None else torch.cat([mask, mask], dim=2)
+        scores = torch.matmul(q, k.transpose(-1, -2))
+        if mask is not None:
+            scores = scores + mask
+        out = torch.matmul(torch.softmax(scores.float(), dim=-1).to(q.dtype), v)[:, :, :n]
+        return out.transpose(1, 2).reshape(batch, n, heads * dim)
+
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """softmax(q k^T + mask) v per head (q is already scaled), heads merged back: (B, n, D)."""
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, scale=1.0, is_causal=False)
@@ -254,19 +317,23 @@ class WhisperDecoder(Decoder):
         if store.cross is None:
             store.cross = [(self._heads(layer.encoder_attn.k_proj(enc.hidden), batch),
                             self._heads(layer.encoder_attn.v_proj(enc.hidden), batch)) for layer in dec.layers]
+        lin, attend = (stable_linear, self._attend_stable) if self.row_stable else (_call, self._attend)
         x = dec.embed_tokens(ids) + dec.embed_positions.weight[positions]
         for layer, kv, (cross_k, cross_v) in zip(dec.layers, store.layers, store.cross):
             a, c = layer.self_attn, layer.encoder_attn
             h = layer.self_attn_layer_norm(x)
-            q = self._heads(a.q_proj(h) * a.scaling, batch)
-            k, v = self._heads(a.k_proj(h), batch), self._heads(a.v_proj(h), batch)
+            q = self._heads(lin(a.q_proj, h) * a.scaling, batch)
+            k, v = self._heads(lin(a.k_proj, h), batch), self._heads(lin(a.v_proj, h), batch)
             kv.keys = k if kv.keys is None else torch.cat([kv.keys, k], dim=-2)
             kv.values = v if kv.values is None else torch.cat([kv.values, v], dim=-2)
-            x = x + a.out_proj(self._attend(q, kv.keys, kv.values, mask))
-            q = self._heads(c.q_proj(layer.encoder_attn_layer_norm(x)) * c.scaling, batch)
-            x = x + c.out_proj(self._attend(q, cross_k, cross_v, None))
-            x = x + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(x))))
-        return self._head(dec.layer_norm(x)).float(), real
+            x = x + lin(a.out_proj, attend(q, kv.keys, kv.values, mask))
+            q = self._heads(lin(c.q_proj, layer.encoder_attn_layer_norm(x)) * c.scaling, batch)
+            x = x + lin(c.out_proj, attend(q, cross_k, cross_v, None))
+            x = x + lin(layer.fc2, layer.activation_fn(lin(layer.fc1, layer.final_layer_norm(x))))
+        hidden = dec.layer_norm(x)
+        if self.row_stable and self.vocab_ids is None:
+            return stable_linear(self.model.proj_out, hidden).float(), real
+        return self._head(hidden).float(), real
 
 
 class Linear:
@@ -322,6 +389,7 @@ class WhisperDraftDecoder(WhisperDecoder):
         super().__init__(model)
         self.int8 = int8 and int8_available()
         self.dtype = torch.float32  # activations stay float32 (the int8 kernels take float32 inputs)
+        self.row_stable, self.compact_at = False, 0.5  # drafts only propose: their rounding never decides
         dec = self.decoder
         self.heads = self.config.decoder_attention_heads
         self.embed, self.positions = dec.embed_tokens.weight.detach().float(), dec.embed_positions.weight.detach().float()
