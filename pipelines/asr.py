@@ -7,8 +7,8 @@ postprocess  tokens to text and timed segments; the file's cursor moves to the n
 
 Long files are decoded window after window as Whisper does (OpenAI's sequential algorithm): with
 timestamps on, a window ends at its last complete segment and the next window starts there. Or, with
-``long_form="chunked"``, a long file is cut at pauses into chunks of at most 30 s that are decoded
-independently, several at a time (the windows of one file then fill a batch; each chunk's segments are
+``long_form="chunked"``, a long file is cut at pauses into chunks of 15-26 s (the last one up to 30 s) decoded
+independently, several at a time (the chunks of one file then fill a batch; each chunk's segments are
 offset by its start). The two modes can differ in wording at chunk edges; plain and assisted decoding give
 the same tokens in either. A file of
 one window without ``timestamps`` is decoded like ``generate()``'s short-form mode (no timestamp
