@@ -77,8 +77,12 @@ class Costs:
 
     draft_step_s: float | None = None
     verify_s: dict[int, float] = field(default_factory=dict)
-    accepted: float = 1.0  # Beta(1, 1) prior on the acceptance rate
-    rejected: float = 1.0
+    # Beta(3, 1.5) prior on the acceptance rate (mean 0.67, worth 4.5 drafts: what a pair is made for), so
+    # that two rejected drafts at the start do not switch drafting off before its costs are known
+    accepted: float = 3.0
+    rejected: float = 1.5
+    plain_left: int = 0  # rounds of plain decoding left before the next probe (counted across requests)
+    plain_wait: int = 16  # the wait after the next failed probe
 
 
 class CostMemory:
@@ -103,7 +107,9 @@ class Adaptive(Policy):
     yet measured is estimated from the nearest measured one as (0.94 + 0.06 n), optimistically, so it gets
     tried and measured). Plain decoding yields 1 token per c_verify(1). We draft the k that maximises
     E(k) / cost(k); if even that is not faster than plain decoding (gain below 1) we decode plainly for a
-    while (doubling the wait after each failed probe) and then probe again with a short draft.
+    while (doubling the wait after each failed probe, up to 64 rounds) and then probe again, with the
+    shortest lookahead whose verify pass is not timed yet (else 1). The wait is counted in the shared memory, across requests: a run of short requests (a folder
+    of short clips) still probes, instead of staying plain after one unlucky start.
     The first round of a request (prompt and cross-attention set-up) is not timed.
     """
 
@@ -112,7 +118,6 @@ class Adaptive(Policy):
         self.memory = memory or CostMemory()
         self.costs: Costs | None = None
         self.rounds = 0
-        self.plain_left, self.plain_wait = 0, 16
 
     def _verify_cost(self, n: int) -> float:
         table = self.costs.verify_s
@@ -136,20 +141,28 @@ class Adaptive(Policy):
                 best, best_rate = k, rate
         return best, best_rate / plain_rate
 
+    def probe_k(self) -> int:
+        """The lookahead to probe with: the shortest whose verify pass has not been timed yet (its cost is
+        only extrapolated, and CPU kernels make longer passes sometimes cheaper than shorter ones), else 1."""
+        untimed = [n - 1 for n in range(2, self.k_max + 2) if n not in self.costs.verify_s]
+        return min(untimed, default=1)
+
     def next_k(self, rows: int) -> list[int]:
         self.costs = self.memory.for_rows(rows)
         if self.rounds >= 1 and (1 not in self.costs.verify_s or self.rounds % 64 == 0):
             return [0] * rows  # measure a plain step (now and then): the cost every lookahead is compared with
-        if self.plain_left > 0:
-            self.plain_left -= 1
-            if self.plain_left == 0:
-                return [1] * rows  # probe
+        c = self.costs
+        if c.plain_left > 0:
+            c.plain_left -= 1
+            if c.plain_left == 0:
+                return [self.probe_k()] * rows
             return [0] * rows
         k, gain = self.best_k()
         if k == 0 or gain < 1.0:
-            self.plain_left = self.plain_wait
-            self.plain_wait = min(64, self.plain_wait * 2)
+            c.plain_left = c.plain_wait
+            c.plain_wait = min(64, c.plain_wait * 2)
             return [0] * rows
+        c.plain_wait = 16  # drafting pays again: the next failed probe waits the shortest time
         return [k] * rows
 
     def observe(self, drafted, accepted, draft_s, verify_s, chunk) -> None:

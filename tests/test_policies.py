@@ -1,0 +1,47 @@
+"""The adaptive lookahead policy on its own: what it decides from measured costs."""
+
+from pipelines.engine.policies import Adaptive, CostMemory
+
+
+def _memory(accepted: float, rejected: float, verify2: float = 0.018) -> CostMemory:
+    memory = CostMemory()
+    costs = memory.for_rows(1)
+    costs.draft_step_s, costs.verify_s = 0.003, {1: 0.015, 2: verify2, 3: 0.019}
+    costs.accepted, costs.rejected = accepted, rejected
+    return memory
+
+
+def _policy(memory: CostMemory) -> Adaptive:
+    policy = Adaptive(1, 8, memory)
+    policy.costs = memory.for_rows(1)
+    return policy
+
+
+def _serve(memory: CostMemory, requests: int, rounds: int) -> list[int]:
+    """Lookaheads chosen over ``requests`` short requests of ``rounds`` rounds each (one row)."""
+    chosen = []
+    for _ in range(requests):
+        policy = Adaptive(1, 8, memory)
+        for _ in range(rounds):
+            k = policy.next_k(1)[0]
+            chosen.append(k)
+            policy.observe([k], [k], 0.003 * k, 0.015 + 0.002 * k, k + 1)  # every draft accepted
+    return chosen
+
+
+def test_adaptive_drafts_when_it_pays_and_not_when_it_does_not():
+    assert _policy(_memory(9.0, 1.0)).best_k()[0] >= 2  # acceptance 0.9: draft several
+    k, gain = _policy(_memory(1.0, 9.0)).best_k()  # acceptance 0.1: plain is faster
+    assert k == 0 or gain < 1.0
+
+
+def test_adaptive_probes_again_across_short_requests():
+    """After an unlucky start (3 of 7 drafts accepted, one slow verify pass of 2 tokens measured), a folder
+    of short clips (requests of 6 rounds) must still probe now and then, learn that drafts are accepted
+    and verify passes cheap, and go back to drafting."""
+    memory = _memory(3.0, 4.0, verify2=0.030)
+    assert _policy(memory).best_k()[0] == 0  # plain looks faster
+    chosen = _serve(memory, requests=30, rounds=6)
+    first_probe = next(i for i, k in enumerate(chosen) if k > 0)
+    assert first_probe <= 20
+    assert sum(k > 0 for k in chosen[-60:]) >= 40  # drafting most rounds by the end
