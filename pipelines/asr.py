@@ -409,6 +409,11 @@ def _finish(cur: _Cursor, compare: bool) -> Transcript:
     )
 
 
+def _in_chunks(cur: _Cursor, options: TranscribeOptions) -> bool:
+    """Whether this file is cut into independent chunks (chunked mode, longer than one window)."""
+    return options.long_form == "chunked" and not cur.single
+
+
 def _next_chunk(cur: _Cursor, options: TranscribeOptions) -> tuple[int, np.ndarray] | None:
     """The cursor's next piece of audio to decode: (start sample, samples), or None when the file is done.
     Sequential mode gives the 30 s window at the seek (the seek moves after decoding, by the timestamps);
@@ -419,7 +424,7 @@ def _next_chunk(cur: _Cursor, options: TranscribeOptions) -> tuple[int, np.ndarr
     if len(audio) == 0:
         return None
     start = cur.seek
-    if options.long_form == "chunked" and not cur.single:
+    if _in_chunks(cur, options):
         last = cur.reader.ended and start + len(audio) >= cur.reader.known_length
         audio = audio if last else audio[: quiet_cut(audio)]
         cur.seek += len(audio)
@@ -430,15 +435,21 @@ def _is_silent(audio: np.ndarray) -> bool:
     return float(np.sqrt(np.mean(np.square(audio)))) < SILENCE_RMS
 
 
-Piece = tuple[_Cursor, int, np.ndarray, object]  # cursor, start sample, samples, encoder output or None
+@dataclass(frozen=True)
+class _Piece:
+    """Audio of one file to decode in this step."""
+
+    cursor: _Cursor
+    start: int  # sample of the file where it starts
+    audio: np.ndarray
+    encoded: object = None  # its encoder output when language detection already computed it
 
 
-def _gather(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptions) -> dict[bool, list[Piece]]:
+def _gather(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptions) -> dict[bool, list[_Piece]]:
     """The pieces to decode in this step, by timestamp mode: one window per file (sequential), or in
     chunked mode as many chunks of the active files as fill the batch. Silent pieces are skipped. A
     file's first piece detects its language (``language=None``) and keeps that encoder output."""
-    work: dict[bool, list[Piece]] = {True: [], False: []}
-    chunked = options.long_form == "chunked"
+    work: dict[bool, list[_Piece]] = {True: [], False: []}
     for cur in active:
         while not cur.done and sum(map(len, work.values())) < max(1, options.batch_size):
             piece = _next_chunk(cur, options)
@@ -446,7 +457,7 @@ def _gather(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOpt
                 break
             start, audio = piece
             if _is_silent(audio):
-                if not (chunked and not cur.single):
+                if not _in_chunks(cur, options):
                     cur.seek += len(audio)
                 cur.done = cur.reader.ended and cur.seek >= cur.reader.known_length
                 continue
@@ -458,8 +469,8 @@ def _gather(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOpt
                 else:
                     cur.language = options.language or "en"
                 cur.prompt = runner.prompt(cur.language, options.task, timestamps=not cur.single)
-            work[not cur.single].append((cur, start, audio, hidden))
-            if not (chunked and not cur.single):
+            work[not cur.single].append(_Piece(cur, start, audio, hidden))
+            if not _in_chunks(cur, options):
                 break  # sequential: the next window depends on this one's timestamps
     return work
 
@@ -471,10 +482,11 @@ def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptio
         if not items:
             continue
         # batch rows must share the prompt length (same model, same mode: always true here)
-        result = runner.decode_windows([a for _, _, a, _ in items], [c.prompt for c, _, _, _ in items], timestamps,
-                                       options, encoded=[h for _, _, _, h in items])
+        result = runner.decode_windows([p.audio for p in items], [p.cursor.prompt for p in items], timestamps,
+                                       options, encoded=[p.encoded for p in items])
         share = 1.0 / len(items)
-        for row, (cur, start, audio, _) in enumerate(items):
+        for row, piece in enumerate(items):
+            cur, start, audio = piece.cursor, piece.start, piece.audio
             tokens = [t for t in result.tokens[row] if t != runner.model.generation_config.eos_token_id]
             offset = start / SAMPLE_RATE
             length = len(audio) / SAMPLE_RATE
@@ -486,7 +498,7 @@ def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptio
                 segs, advance = ([Segment(round(offset, 2), round(offset + length, 2), text)] if text else []), length
             voiced = voiced_frames(audio)
             cur.segments += split_at_pauses(tighten_segments(segs, voiced, offset), voiced, offset)
-            if options.long_form == "sequential" or cur.single:
+            if not _in_chunks(cur, options):
                 cur.seek += max(1, int(round(advance * SAMPLE_RATE)))
             else:
                 _keep_leftover(cur, start, audio, advance, voiced)
