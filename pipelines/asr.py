@@ -204,13 +204,18 @@ def segments_from_tokens(tokens: list[int], timestamp_begin: int, offset: float,
     return segments, advance
 
 
-def voiced_frames(audio: np.ndarray) -> np.ndarray:
-    """Per 10 ms frame: louder than 5% of the window's loud frames (95th percentile RMS) and than 1e-3 RMS."""
+def frame_rms(audio: np.ndarray) -> np.ndarray:
+    """Root mean square of each whole 10 ms frame, in ``audio``'s dtype."""
     hop = SAMPLE_RATE // 100
     n = len(audio) // hop
-    if n == 0:
+    return np.sqrt(np.mean(np.square(audio[: n * hop].reshape(n, hop)), axis=1))
+
+
+def voiced_frames(audio: np.ndarray) -> np.ndarray:
+    """Per 10 ms frame: louder than 5% of the window's loud frames (95th percentile RMS) and than 1e-3 RMS."""
+    rms = frame_rms(audio)
+    if len(rms) == 0:
         return np.zeros(0, dtype=bool)
-    rms = np.sqrt(np.mean(np.square(audio[: n * hop].reshape(n, hop)), axis=1))
     return rms > max(1e-3, 0.05 * float(np.percentile(rms, 95)))
 
 
@@ -227,8 +232,7 @@ def quiet_cut(window: np.ndarray, min_seconds: float = CHUNK_MIN_SECONDS, max_se
     lo, hi = int(min_seconds * 100), min(n - 10, int(max_seconds * 100))
     if hi <= lo:
         return len(window)
-    rms = np.sqrt(np.mean(np.square(window[: n * hop].reshape(n, hop).astype(np.float64)), axis=1))
-    energy = np.convolve(rms, np.ones(21) / 21, mode="same")[lo:hi]
+    energy = np.convolve(frame_rms(window.astype(np.float64)), np.ones(21) / 21, mode="same")[lo:hi]
     quiet = np.flatnonzero(energy <= 1.5 * float(energy.min()) + 1e-4)
     last = first = int(quiet[-1])
     while first > 0 and energy[first - 1] <= 1.5 * float(energy.min()) + 1e-4:
@@ -335,10 +339,10 @@ class WhisperRunner:
     def timestamp_begin(self) -> int:
         return self.model.generation_config.no_timestamps_token_id + 1
 
-    def encode(self, windows: list[np.ndarray]):
-        """The main encoder's output for these windows, (windows, frames, d_model)."""
+    def encode(self, features):
+        """The main encoder's output for these log-mel features (``feats``), (windows, frames, d_model)."""
         with self._torch.inference_mode():
-            return self.loaded.plain.main.encode(input_features=self.feats(windows)).hidden
+            return self.loaded.plain.main.encode(input_features=features).hidden
 
     def language_of(self, hidden) -> str:
         """Whisper's language detection from one window's encoder output (``encode``), so that the
@@ -383,7 +387,7 @@ class WhisperRunner:
         encoder_output = None
         if encoded is not None and any(h is not None for h in encoded):
             missing = [i for i, h in enumerate(encoded) if h is None]
-            fresh = iter(self.encode([windows[i] for i in missing]) if missing else [])
+            fresh = iter(self.encode(x[missing]) if missing else [])
             hidden = self._torch.stack([h if h is not None else next(fresh) for h in encoded])
             encoder_output = EncoderOutput(hidden, None)
         rules = self.rules(len(prompts[0]), timestamps, options.max_new_tokens)
@@ -464,7 +468,7 @@ def _gather(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOpt
             hidden = None
             if cur.prompt is None:
                 if options.language is None and runner.multilingual:
-                    hidden = runner.encode([audio])[0]
+                    hidden = runner.encode(runner.feats([audio]))[0]
                     cur.language = runner.language_of(hidden[None])
                 else:
                     cur.language = options.language or "en"

@@ -342,14 +342,12 @@ def _fw_transcribe(model, paths: list[str], batch_size: int | None = None) -> li
     (Silero VAD cuts the audio into chunks decoded together; timestamps on, like Tandem's chunked mode)."""
     from faster_whisper import BatchedInferencePipeline
 
-    pipe = BatchedInferencePipeline(model) if batch_size else None
+    run, extra = model.transcribe, {}
+    if batch_size:
+        run, extra = BatchedInferencePipeline(model).transcribe, {"without_timestamps": False, "batch_size": batch_size}
     out = []
     for p in paths:
-        if pipe is None:
-            segments, _ = model.transcribe(p, language="en", beam_size=1, temperature=0.0, condition_on_previous_text=False)
-        else:
-            segments, _ = pipe.transcribe(p, language="en", beam_size=1, temperature=0.0, condition_on_previous_text=False,
-                                          without_timestamps=False, batch_size=batch_size)
+        segments, _ = run(p, language="en", beam_size=1, temperature=0.0, condition_on_previous_text=False, **extra)
         out.append(" ".join(s.text.strip() for s in segments).strip())
     return out
 

@@ -404,7 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="windows decoded together: of different files, or with --long-form chunked also chunks of one file (default: 4)")
     p.add_argument("--long-form", choices=["sequential", "chunked"], default="sequential",
                    help="files over 30 s: window after window as Whisper seeks (default), or cut at pauses into "
-                        "chunks of at most 30 s decoded several at a time (faster in batches; wording may differ at chunk edges)")
+                        "chunks of 15-26 s decoded several at a time (faster in batches; wording may differ at chunk edges)")
     p.add_argument("--timestamps", action="store_true", help="timestamp tokens even for clips under 30 s (on for srt/vtt/tsv)")
     p.add_argument("--no-assistant", action="store_true", help="plain decoding with the pair's main model")
     p.add_argument("--compare", action="store_true", help="also decode plainly: speedup and identical-output rate")

@@ -101,7 +101,7 @@ class RaggedCache:
         """Gather each row's real slots to the front when holes are more than ``threshold`` of the cache
         (0: whenever there is one)."""
         holes = 1.0 - self.valid.float().mean().item() if self.length else 0.0
-        if holes == 0.0 or holes <= threshold:
+        if holes <= threshold:
             return
         counts = self.valid.sum(dim=1)
         width = int(counts.max().item())
@@ -331,8 +331,8 @@ class WhisperDecoder(Decoder):
             x = x + lin(c.out_proj, attend(q, cross_k, cross_v, None))
             x = x + lin(layer.fc2, layer.activation_fn(lin(layer.fc1, layer.final_layer_norm(x))))
         hidden = dec.layer_norm(x)
-        if self.row_stable and self.vocab_ids is None:
-            return stable_linear(self.model.proj_out, hidden).float(), real
+        if self.vocab_ids is None:
+            return lin(self.model.proj_out, hidden).float(), real
         return self._head(hidden).float(), real
 
 

@@ -108,8 +108,9 @@ class Adaptive(Policy):
     tried and measured). Plain decoding yields 1 token per c_verify(1). We draft the k that maximises
     E(k) / cost(k); if even that is not faster than plain decoding (gain below 1) we decode plainly for a
     while (doubling the wait after each failed probe, up to 64 rounds) and then probe again, with the
-    shortest lookahead whose verify pass is not timed yet (else 1). The wait is counted in the shared memory, across requests: a run of short requests (a folder
-    of short clips) still probes, instead of staying plain after one unlucky start.
+    shortest lookahead whose verify pass is not timed yet (else 1). The wait is counted in the shared
+    memory, across requests: a run of short requests (a folder of short clips) still probes, instead of
+    staying plain after one unlucky start.
     The first round of a request (prompt and cross-attention set-up) is not timed.
     """
 
