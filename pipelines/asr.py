@@ -381,7 +381,7 @@ class WhisperRunner:
         """One engine call over windows of several files (same prompt length). ``encoded``: per window, its
         encoder output when it was already computed (language detection), else None. Returns tokens per
         window, stats, and (with compare) the plain run's tokens and stats."""
-        from .engine.decoders import EncoderOutput
+        from .engine import EncoderOutput
 
         x = self.feats(windows)
         encoder_output = None

@@ -114,8 +114,10 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
                    refs_manifest: str | None, models: str | None, use_assistant: bool = True,
                    compare: bool = False, out: str | None = None, formats: tuple[str, ...] = ("txt",),
                    batch_size: int = 4, timestamps: bool = False, quiet: bool = False,
-                   long_form: str = "sequential") -> int:
+                   long_form: str = "sequential", lookahead: str = "adaptive") -> int:
     from tqdm import tqdm
+
+    from .engine import parse_policy
 
     from .asr import TranscribeOptions, find_audio, transcribe
     from .metrics import wer
@@ -127,8 +129,13 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
     if pair.task != "asr":
         print(f"tandem: pair {pair.name!r} is a {pair.task} pair, not an asr pair", file=sys.stderr)
         return 2
+    try:
+        policy = parse_policy(lookahead)
+    except ValueError as e:
+        print(f"tandem: {e}", file=sys.stderr)
+        return 2
     options = TranscribeOptions(language=None if language == "auto" else language, task=task, dtype=dtype,
-                                use_assistant=use_assistant, compare=compare, batch_size=batch_size,
+                                use_assistant=use_assistant, policy=policy, compare=compare, batch_size=batch_size,
                                 long_form=long_form, timestamps=timestamps or any(f in ("srt", "vtt", "tsv") for f in (formats if out else ())))
     refs = _load_refs(refs_manifest)
     files = find_audio(paths)
@@ -209,7 +216,8 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         return 2
     return run_transcribe(args.paths, args.pair, args.language, args.task, args.dtype, args.refs, args.models,
                           use_assistant=not args.no_assistant, compare=args.compare, out=args.out, formats=formats,
-                          batch_size=args.batch_size, timestamps=args.timestamps, long_form=args.long_form)
+                          batch_size=args.batch_size, timestamps=args.timestamps, long_form=args.long_form,
+                          lookahead=args.lookahead)
 
 
 def _read_texts(args: argparse.Namespace) -> list[str]:
@@ -274,10 +282,16 @@ def cmd_text(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from .engine import parse_policy
     from .evaluation import evaluate, format_report, write_report
 
+    try:
+        policy = parse_policy(args.lookahead)
+    except ValueError as e:
+        print(f"tandem: {e}", file=sys.stderr)
+        return 2
     report = evaluate(args.task, args.pair, args.set, limit=args.limit, repeats=args.repeats, dtype=args.dtype,
-                      models=args.models)
+                      models=args.models, policy=policy)
     print(format_report(report))
     if args.json:
         write_report(report, args.json)
@@ -408,6 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timestamps", action="store_true", help="timestamp tokens even for clips under 30 s (on for srt/vtt/tsv)")
     p.add_argument("--no-assistant", action="store_true", help="plain decoding with the pair's main model")
     p.add_argument("--compare", action="store_true", help="also decode plainly: speedup and identical-output rate")
+    p.add_argument("--lookahead", default="adaptive", metavar="POLICY[:N]",
+                   help="drafts per round: adaptive (default), constant:N, heuristic:N, confidence, random:SEED "
+                        "(a seeded random schedule, to check that outputs do not depend on it)")
     p.set_defaults(func=cmd_transcribe)
 
     for task, helptext in (("translate", "translate text (sentences batched through the engine)"),
@@ -437,6 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="interleaved timed runs per mode (default: 3)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="compute dtype (default: the pair's)")
     p.add_argument("--json", metavar="FILE", help="write the report (schema tandem-eval/1) here")
+    p.add_argument("--lookahead", default="adaptive", metavar="POLICY[:N]",
+                   help="drafts per round: adaptive (default), constant:N, heuristic:N, confidence, random:SEED")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("bench", help="side-by-side speed benchmarks (tables + JSON)")

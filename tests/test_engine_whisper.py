@@ -123,10 +123,10 @@ def test_encoder_runs_once_and_is_shared(setup):
 
 def test_lean_draft_forward_matches_the_model(setup):
     """The lean draft forward (fused q/k/v, cross-attention computed once) computes the assistant's own
-    logits; with int8 weights it stays close enough to propose the same tokens almost always."""
+    logits (as the model's own modules do, to float32 rounding); with int8 weights it stays close enough to propose the same tokens almost always."""
     from transformers import WhisperForCausalLM
 
-    from pipelines.engine.decoders import WhisperDraftDecoder, int8_available
+    from pipelines.engine.whisper import WhisperDraftDecoder, int8_available
 
     enc = setup[1].select(torch.tensor([0, 1]))
     model = WhisperForCausalLM.from_pretrained(embedded_path("whisper-base-decoder-2l"), dtype=torch.float32).eval()
@@ -138,10 +138,11 @@ def test_lean_draft_forward_matches_the_model(setup):
             cache = dec.new_cache(2)
             first, real = dec.forward(chunks, cache, enc, EOT)
             cache.commit(real)
-            nxt, _ = dec.forward([[262], [262, 11]], cache, enc, EOT)  # ragged second chunk
-            outs[name] = torch.cat([first, nxt], dim=1)
+            nxt, real2 = dec.forward([[262], [262, 11]], cache, enc, EOT)  # ragged second chunk
+            outs[name] = torch.cat([first[real], nxt[real2]])  # the real tokens' logits (padding is anything)
     assert isinstance(as_decoder(model, assistant=True), WhisperDraftDecoder)
-    assert torch.allclose(outs["lean"], outs["hf"], atol=1e-4, rtol=1e-4)
+    assert torch.allclose(outs["lean"], outs["hf"], atol=2e-3, rtol=0), float((outs["lean"] - outs["hf"]).abs().max())
+    assert torch.equal(outs["lean"].argmax(-1), outs["hf"].argmax(-1))
     if int8_available():
         same = (outs["int8"].argmax(-1) == outs["hf"].argmax(-1)).float().mean().item()
         assert same >= 0.8
@@ -169,117 +170,175 @@ def test_draft_distribution_over_a_reduced_vocabulary_is_full_size(setup):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_whisper_forward_is_bit_equal_to_transformers(setup, dtype):
-    """Tandem's Whisper forward (its own loop over the model's modules) gives exactly transformers' logits,
-    over ragged chunks (prompts of two lengths, drafts, an empty row), in float32 and bfloat16 (bfloat16:
-    the path taken where the kernels are not row-stable; see the row-stable tests below)."""
-    from transformers import DynamicCache, EncoderDecoderCache, WhisperForConditionalGeneration
-
-    from pipelines.engine.decoders import RaggedCache, additive_mask
+def test_whisper_forward_matches_transformers(setup, dtype):
+    """Tandem's fixed-shape Whisper forward computes transformers' model: over ragged chunks (prompts of two
+    lengths, drafts, an empty row) its logits are within rounding of transformers' own forward and give the
+    same argmax."""
+    from transformers import WhisperForConditionalGeneration
 
     model = WhisperForConditionalGeneration.from_pretrained(embedded_path("whisper-base"), dtype=dtype).eval()
     ours = as_decoder(model)
-    ours.row_stable = False
     enc = setup[1].select(torch.tensor([0, 1]))
     enc = type(enc)(enc.hidden.to(dtype), None)
-
-    def transformers_forward(chunks, cache):
-        ids, positions, real, allowed = cache.plan(chunks, EOT, ours.max_positions)
-        out = ours.decoder(input_ids=ids, attention_mask=additive_mask(allowed, dtype), encoder_hidden_states=enc.hidden,
-                           cache=cache.cache, position_ids=positions, use_cache=True)
-        return model.proj_out(out.last_hidden_state).float(), real
-
-    steps = [[PROMPT, PROMPT[:3]], [[440, 1029], [50363]], [[318], [440, 11, 262]], [[11], []], [[262, 318, 440, EOT], [1029]]]
-    theirs_cache = RaggedCache(EncoderDecoderCache(DynamicCache(), DynamicCache()), 2, ours.device)
-    our_cache = ours.new_cache(2)
+    steps = [[PROMPT, PROMPT[:3]], [[440, 1029], [50363]], [[318], [440, 11, 262, 1029, 318, 11]], [[11], []],
+             [[262, 318, 440, EOT], [1029]]]
+    seqs, got_rows, want_rows = [[], []], [], []
+    cache = ours.new_cache(2)
     with torch.inference_mode():
         for chunks in steps:
-            want, real = transformers_forward(chunks, theirs_cache)
-            theirs_cache.commit(real)
-            got, real = ours.forward(chunks, our_cache, enc, EOT)
-            our_cache.commit(real)
-            assert torch.equal(got, want)
+            got, real = ours.forward(chunks, cache, enc, EOT)
+            cache.commit(real)
+            for b, chunk in enumerate(chunks):
+                if not chunk:
+                    continue
+                seqs[b] += chunk
+                want = model(encoder_outputs=(enc.hidden[b:b + 1],), decoder_input_ids=torch.tensor([seqs[b]])).logits
+                got_rows.append(got[b, : len(chunk)])
+                want_rows.append(want[0, -len(chunk):].float())
+    got, want = torch.cat(got_rows), torch.cat(want_rows)
+    same_argmax = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
+    if dtype == torch.float32:
+        assert torch.allclose(got, want, atol=1e-3, rtol=0) and same_argmax == 1.0
+    else:  # another order of bfloat16 roundings: close, not equal
+        assert float((got - want).abs().mean()) < 0.25 and same_argmax >= 0.8  # bf16 ulp at 16 is 0.125
+
+
+# --- exactness by construction: verify passes give every token the bits of a plain step ----------------
+
+
+def _dtypes():
+    """Every dtype this machine computes Whisper in (CPU: float32, bfloat16, float16)."""
+    return [torch.float32, torch.bfloat16, torch.float16]
 
 
 @pytest.fixture(scope="module")
-def bf16_base():
+def windows(speech_real):
+    """Encoder inputs for exactness checks: three real clips, and one dense 30 s window of long-form speech
+    (real clips played one after the other) decoded with timestamps and a previous-text prompt."""
+    import numpy as np
+    from transformers import WhisperFeatureExtractor
+
+    from pipelines.audio import load_audio
+
+    fe = WhisperFeatureExtractor.from_pretrained(embedded_path("whisper-base"))
+    clips = [load_audio(i["audio_path"]) for i in speech_real]
+    long = np.concatenate(clips)[: 30 * 16000]
+    x = torch.cat([fe(a, sampling_rate=16000, return_tensors="pt").input_features for a in clips[:3] + [long]])
+    previous = [50361, 440, 1029, 318, 257, 1332, 295, 264, 1391, 13]  # <|startofprev|> + earlier text
+    prompts = [PROMPT, PROMPT, PROMPT, previous + PROMPT[:3]]  # the long window with timestamps
+    return x, prompts
+
+
+@pytest.fixture(scope="module", params=_dtypes(), ids=lambda d: str(d).split(".")[-1])
+def exact_decoder(request, windows):
     from transformers import WhisperForConditionalGeneration
 
-    from pipelines.engine.decoders import row_stable_kernels
-
-    if not row_stable_kernels(torch.bfloat16):
-        pytest.skip("this machine's bfloat16 matrix kernels round a row differently with different row counts")
-    model = WhisperForConditionalGeneration.from_pretrained(embedded_path("whisper-base"), dtype=torch.bfloat16).eval()
+    dtype = request.param
+    model = WhisperForConditionalGeneration.from_pretrained(embedded_path("whisper-base"), dtype=dtype).eval()
     decoder = as_decoder(model)
-    assert decoder.row_stable and decoder.compact_at == 0.0
-    return model, decoder
+    with torch.inference_mode():
+        enc = decoder.encode(input_features=windows[0])
+    return decoder, enc
 
 
 @torch.inference_mode()
-def _greedy_tokens(decoder, enc, prompt, n):
-    """n greedy tokens, one-token steps (the reference)."""
-    cache, seq, out = decoder.new_cache(1), list(prompt), []
-    chunk = seq
-    for _ in range(n):
-        logits, real = decoder.forward([chunk], cache, enc, EOT)
+def _plain_run(decoder, enc, prompts, n):
+    """One-token steps for all rows at once (finished rows fed nothing): per row the greedy tokens and the
+    logits each was chosen from."""
+    cache = decoder.new_cache(len(prompts))
+    chunks, tokens, logits = [list(p) for p in prompts], [[] for _ in prompts], [[] for _ in prompts]
+    while any(chunks):
+        out, real = decoder.forward(chunks, cache, enc, EOT, need_from=[len(c) - 1 for c in chunks])
         cache.commit(real)
-        chunk = [int(logits[0, -1].argmax())]
-        out.append(chunk[0])
-    return out
+        for b, chunk in enumerate(chunks):
+            if not chunk:
+                continue
+            row = out[b, len(chunk) - 1]
+            logits[b].append(row)
+            tokens[b].append(int(row.argmax()))
+            chunks[b] = [] if tokens[b][-1] == EOT or len(tokens[b]) >= n else [tokens[b][-1]]
+    return tokens, logits
 
 
-def test_bf16_verify_pass_is_bit_equal_to_one_token_steps(setup, bf16_base):
-    """bfloat16, row-stable forward: logits for 40 tokens of a real clip fed one at a time, or three at a
-    time (a verify pass), or three at a time with a rejected draft left as a hole and compacted, are the
-    same bits; and they stay close to transformers' own bfloat16 forward."""
-    from pipelines.engine.decoders import EncoderOutput
-
-    model, decoder = bf16_base
-    enc = EncoderOutput(setup[1].hidden[:1].to(torch.bfloat16), None)
-    tokens = _greedy_tokens(decoder, enc, PROMPT, 40)
-
-    def logits_in_chunks(size, hole=False):
-        cache = decoder.new_cache(1)
-        got, real = decoder.forward([PROMPT], cache, enc, EOT)
-        cache.commit(real)
-        rows = [got[0, -1]]
-        for i in range(0, len(tokens) - 1, size):
-            chunk = tokens[i:i + size]
-            if hole:  # a wrong draft after the chunk, rejected: a hole in the cache, then compaction
-                got, real = decoder.forward([chunk + [EOT]], cache, enc, EOT)
-                cache.commit(real)
-                cache.rollback(0, 1)
-                cache.maybe_compact(decoder.compact_at)
-                assert bool(cache.valid.all())
-                got = got[:, :-1]
-            else:
-                got, real = decoder.forward([chunk], cache, enc, EOT)
-                cache.commit(real)
-            rows += [got[0, j] for j in range(len(chunk))]
-        return torch.stack(rows[: len(tokens)])
-
-    with torch.inference_mode():
-        one = logits_in_chunks(1)
-        assert torch.equal(one, logits_in_chunks(3)) and torch.equal(one, logits_in_chunks(3, hole=True))
-        ids = torch.tensor([PROMPT + tokens[:-1]])
-        theirs = model(encoder_outputs=(enc.hidden,), decoder_input_ids=ids).logits[0, len(PROMPT) - 1:].float()
-    print("argmax agreement", (theirs.argmax(-1) == one.argmax(-1)).float().mean().item(),
-          "mean abs diff", float((theirs - one).abs().mean()), "max", float((theirs - one).abs().max()))
-    assert (theirs.argmax(-1) == one.argmax(-1)).float().mean() >= 0.95
-    assert float((theirs - one).abs().mean()) < 0.25
+@torch.inference_mode()
+def _scheduled_run(decoder, enc, prompts, tokens, logits, rng):
+    """Assisted decoding with a random schedule: each round a row drafts 0 to 8 of its true next tokens, each
+    replaced by a wrong one with probability 1/4 (a rejected draft whose slot is written again later). Every
+    logits row that verification reads must have the bits of the plain run's; returns the rounds taken."""
+    cache = decoder.new_cache(len(prompts))
+    pending, done = [list(p) for p in prompts], [0] * len(prompts)
+    rounds = 0
+    while any(pending):
+        drafts = []
+        for b in range(len(prompts)):
+            k = rng.randint(0, 8) if pending[b] else 0
+            truth = tokens[b][done[b]: done[b] + k]
+            drafts.append([t if rng.random() >= 0.25 else (t + 1) % 50000 for t in truth])
+        chunks = [p + d for p, d in zip(pending, drafts)]
+        out, _ = decoder.forward(chunks, cache, enc, EOT, need_from=[len(p) - 1 for p in pending])
+        rounds += 1
+        keep = torch.zeros(len(prompts), max(1, max(map(len, chunks))), dtype=torch.bool)
+        for b, (p, d) in enumerate(zip(pending, drafts)):
+            if not p:
+                continue
+            n = 0
+            while n < len(d) and d[n] == tokens[b][done[b] + n]:
+                n += 1
+            n_out = min(n + 1, len(tokens[b]) - done[b])  # accepted drafts + the main model's token, to the end
+            for j in range(n_out):
+                assert torch.equal(out[b, len(p) - 1 + j], logits[b][done[b] + j]), (b, done[b] + j)
+            keep[b, : len(p) + n] = True
+            done[b] += n_out
+            pending[b] = [] if done[b] >= len(tokens[b]) else [tokens[b][done[b] - 1]]
+        cache.commit(keep)
+    return rounds
 
 
-def test_bf16_assisted_output_equals_plain(registry, bf16_base, speech_real):
-    """bfloat16 end to end through the ASR pipeline: with the distilled assistant, one file at a time and
-    four at a time, every transcript's tokens equal plain decoding's."""
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow), 2])
+def test_verify_passes_have_the_bits_of_plain_steps(exact_decoder, windows, seed):
+    """The exactness property on the real model, in every dtype: random lookahead schedules (0 to 8 drafts
+    per row and round, wrong drafts included, rows of one batch at different positions and finishing at
+    different times) over real clips and a dense long-form window with a previous-text prompt give every
+    token the same logits bits as plain one-token steps, hence the same greedy tokens."""
+    import random
+
+    decoder, enc = exact_decoder
+    if decoder.dtype == torch.float16 and seed:
+        pytest.skip("float16 is slow on CPUs without float16 matrix units: checked with one seed")
+    prompts = windows[1]
+    tokens, logits = _plain_run(decoder, enc, prompts, 64)
+    assert len(tokens[3]) >= 40  # the long window is dense speech
+    rounds = _scheduled_run(decoder, enc, prompts, tokens, logits, random.Random(seed))
+    assert rounds < max(map(len, tokens))  # drafts were accepted: fewer rounds than tokens
+
+
+def test_one_row_alone_and_in_a_batch_are_each_exact(exact_decoder, windows):
+    """Batch 1 (a file decoded alone) has its own shapes; plain and assisted still agree bit for bit."""
+    import random
+
+    decoder, enc = exact_decoder
+    one = type(enc)(enc.hidden[3:4], None)
+    tokens, logits = _plain_run(decoder, one, windows[1][3:4], 48)
+    _scheduled_run(decoder, one, windows[1][3:4], tokens, logits, random.Random(7))
+
+
+@pytest.mark.parametrize("dtype, lookahead", [
+    ("bfloat16", "random:3"), ("float32", "random:4"),
+    pytest.param("bfloat16", "adaptive", marks=pytest.mark.slow), pytest.param("float16", "constant:8", marks=pytest.mark.slow),
+])
+def test_assisted_transcripts_equal_plain(registry, speech_real, dtype, lookahead):
+    """End to end through the ASR pipeline with the distilled assistant, one file at a time and four at a
+    time: every transcript's tokens equal plain decoding's, whatever the lookahead schedule."""
     if not _distilled_shipped():
         pytest.skip("the distilled assistant is not shipped")
     from pipelines.asr import TranscribeOptions, WhisperRunner, transcribe
+    from pipelines.engine import parse_policy
 
     pair = registry.get("whisper-base+distilled")
-    runner = WhisperRunner(pair, "bfloat16")
+    runner = WhisperRunner(pair, dtype)
     paths = [i["audio_path"] for i in speech_real]
     for batch in (1, 4):
-        results = list(transcribe(paths, pair, TranscribeOptions(dtype="bfloat16", compare=True, batch_size=batch), runner))
+        options = TranscribeOptions(dtype=dtype, compare=True, batch_size=batch, policy=parse_policy(lookahead))
+        results = list(transcribe(paths, pair, options, runner))
         assert all(r.identical for r in results), [r.path for r in results if not r.identical]
         assert sum(r.accepted for r in results) > 0

@@ -45,3 +45,23 @@ def test_adaptive_probes_again_across_short_requests():
     first_probe = next(i for i, k in enumerate(chosen) if k > 0)
     assert first_probe <= 20
     assert sum(k > 0 for k in chosen[-60:]) >= 40  # drafting most rounds by the end
+
+
+def test_parse_policy_and_random_schedule():
+    """``--lookahead`` values: names, a lookahead or a seed, and one sentence for a bad value; the random
+    schedule is reproducible from its seed and ranges over 0 (a plain step) to max_lookahead."""
+    import pytest
+
+    from pipelines.engine import PolicyOptions, parse_policy
+    from pipelines.engine.policies import make_policy
+
+    assert parse_policy("adaptive") == PolicyOptions("adaptive")
+    assert parse_policy("constant:3") == PolicyOptions("constant", lookahead=3)
+    assert parse_policy("random:7") == PolicyOptions("random", seed=7)
+    for bad in ("fast", "constant:0", "constant:x", "heuristic:99"):
+        with pytest.raises(ValueError, match="lookahead"):
+            parse_policy(bad)
+    a, b = make_policy(parse_policy("random:5")), make_policy(parse_policy("random:5"))
+    ks = [a.next_k(3) for _ in range(200)]
+    assert ks == [b.next_k(3) for _ in range(200)]
+    assert {k for row in ks for k in row} == set(range(0, 9))

@@ -3,11 +3,11 @@
 from .core import AssistedDecoder, DecodeOptions, DecodeResult, DecodeStats
 from .decoders import Decoder, EncoderOutput, as_decoder
 from .drafters import Drafter, ModelDrafter, PromptLookup, model_drafter, prompt_lookup
-from .policies import POLICIES, PolicyOptions
+from .policies import POLICIES, PolicyOptions, parse_policy
 from .rules import Rules, Sampling, TimestampRules, rules_from_generation_config
 
 __all__ = [
     "AssistedDecoder", "DecodeOptions", "DecodeResult", "DecodeStats", "Decoder", "EncoderOutput", "as_decoder",
-    "Drafter", "ModelDrafter", "PromptLookup", "model_drafter", "prompt_lookup", "POLICIES", "PolicyOptions", "Rules", "Sampling",
+    "Drafter", "ModelDrafter", "PromptLookup", "model_drafter", "prompt_lookup", "POLICIES", "PolicyOptions", "parse_policy", "Rules", "Sampling",
     "TimestampRules", "rules_from_generation_config",
 ]

@@ -184,7 +184,7 @@ class AssistedDecoder:
             # verify: one main pass over pending + drafts; logits from the last pending token on
             t1 = time.perf_counter()
             chunks = [p + dr for p, dr in zip(pending, drafts)]
-            logits, _ = self.main.forward(chunks, cache, enc, self.pad_id)
+            logits, _ = self.main.forward(chunks, cache, enc, self.pad_id, need_from=[len(p) - 1 for p in pending])
             main_calls += 1
             width = max(len(dr) for dr in drafts) + 1
             sel = torch.full((len(alive), width, logits.shape[-1]), float("-inf"))
@@ -226,9 +226,10 @@ class AssistedDecoder:
                 drafter.update(drafts, accepted, emitted)
                 policy.observe([len(dr) for dr in drafts], accepted, d_s, v_s, width)
 
-            # Finished rows leave the batch once they are a quarter of it (each removal copies the caches).
+            # Finished rows leave the batch once they are a quarter of it (each removal copies the caches),
+            # unless the main decoder keeps its shapes fixed for the whole request (whisper.WhisperDecoder).
             n_done = sum(done)
-            if n_done and not all(done) and 4 * n_done >= len(alive):
+            if n_done and not all(done) and 4 * n_done >= len(alive) and not self.main.fixed_batch:
                 keep_rows = [b for b, f in enumerate(done) if not f]
                 alive, seqs, done = [alive[b] for b in keep_rows], [seqs[b] for b in keep_rows], [False] * len(keep_rows)
                 prompt_lens = [prompt_lens[b] for b in keep_rows]

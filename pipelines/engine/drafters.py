@@ -184,7 +184,7 @@ class ModelDrafter(Drafter):
         self.cache.maybe_compact()
 
     def select(self, keep: list[int]) -> None:
-        rows = torch.tensor(keep, dtype=torch.long, device=self.cache.valid.device)
+        rows = torch.tensor(keep, dtype=torch.long, device=self.decoder.device)
         self.cache.select(rows)
         if self.enc is not None:
             self.enc = self.enc.select(rows)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-POLICIES = ("constant", "heuristic", "confidence", "adaptive")
+POLICIES = ("constant", "heuristic", "confidence", "adaptive", "random")
 
 
 @dataclass(frozen=True)
@@ -17,6 +17,7 @@ class PolicyOptions:
     lookahead: int = 1  # constant: always; heuristic/adaptive: the first round's lookahead (a cheap probe)
     max_lookahead: int = 8  # upper bound for heuristic, confidence and adaptive
     confidence: float = 0.4  # confidence: stop drafting a row when the drafted token's probability is below this
+    seed: int = 0  # random: the seed of the schedule
 
 
 class Policy:
@@ -68,6 +69,19 @@ class Confidence(Policy):
 
     def next_k(self, rows: int) -> list[int]:
         return [self.k_max] * rows
+
+
+class Random(Policy):
+    """A seeded random lookahead per row and round, 0 to ``k_max`` (0: a plain step): a schedule no real
+    policy would choose, to check that outputs do not depend on the schedule."""
+
+    def __init__(self, k_max: int, seed: int) -> None:
+        import random
+
+        self.k_max, self.rng = k_max, random.Random(seed)
+
+    def next_k(self, rows: int) -> list[int]:
+        return [self.rng.randint(0, self.k_max) for _ in range(rows)]
 
 
 @dataclass
@@ -185,6 +199,23 @@ class Adaptive(Policy):
         c.verify_s[chunk] = verify_s if old is None else 0.8 * old + 0.2 * verify_s
 
 
+def parse_policy(text: str) -> PolicyOptions:
+    """``NAME[:N]`` as given on the command line: ``adaptive``, ``constant:3`` (N: the lookahead),
+    ``heuristic:2`` (N: the first lookahead), ``confidence`` or ``random:7`` (N: the seed). Raises ValueError
+    with a sentence for an unknown name or a bad N."""
+    name, _, arg = text.strip().partition(":")
+    if name not in POLICIES:
+        raise ValueError(f"unknown lookahead policy {name!r}; expected one of {', '.join(POLICIES)}")
+    if not arg:
+        return PolicyOptions(name)
+    if not arg.isdigit() or (name != "random" and not 1 <= int(arg) <= PolicyOptions.max_lookahead):
+        raise ValueError(f"lookahead {text!r}: N must be a whole number"
+                         + ("" if name == "random" else f" from 1 to {PolicyOptions.max_lookahead}"))
+    if name == "random":
+        return PolicyOptions(name, seed=int(arg))
+    return PolicyOptions(name, lookahead=int(arg))
+
+
 def make_policy(options: PolicyOptions, memory: CostMemory | None = None) -> Policy:
     if options.name == "constant":
         return Constant(options.lookahead)
@@ -194,4 +225,6 @@ def make_policy(options: PolicyOptions, memory: CostMemory | None = None) -> Pol
         return Confidence(options.max_lookahead, options.confidence)
     if options.name == "adaptive":
         return Adaptive(options.lookahead, options.max_lookahead, memory)
+    if options.name == "random":
+        return Random(options.max_lookahead, options.seed)
     raise ValueError(f"unknown lookahead policy {options.name!r}; expected one of {', '.join(POLICIES)}")

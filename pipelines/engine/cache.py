@@ -1,0 +1,143 @@
+"""The ragged KV cache: one forward call for a batch whose rows sit at different positions.
+
+Rows of a batch accept different numbers of drafted tokens, so after a round their sequences have
+different lengths. We never move cached keys and values to realign them. Instead every row keeps all
+slots it ever wrote, and a validity mask says which slots hold real tokens; rejected drafts and padding
+become holes. A forward call then needs, per row, the true position of each new token (for the position
+embeddings) and a 4-D attention mask:
+
+    allowed[b, q, s] = valid[b, s]                         for a cached slot s < T
+                     = real[b, s - T] and s - T <= q       for a new slot (causal within the chunk)
+
+Holes cost attention work only; when more than half of the slots are holes the cache is compacted
+(real slots gathered to the front, per row).
+
+T5 has no absolute positions but a relative position bias, computed here from each slot's true
+position (kept per slot) so holes do not distort distances.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+@dataclass(frozen=True)
+class EncoderOutput:
+    hidden: torch.Tensor  # (B, S, D) encoder last hidden state
+    mask: torch.Tensor | None  # (B, S) 1 for real source tokens, or None when every position is real
+
+    def select(self, rows: torch.Tensor) -> EncoderOutput:
+        return EncoderOutput(self.hidden.index_select(0, rows), None if self.mask is None else self.mask.index_select(0, rows))
+
+
+class RaggedCache:
+    """A transformers cache plus, per row, which slots are real and the next true position."""
+
+    def __init__(self, cache, batch: int, device: torch.device) -> None:
+        self.cache = cache
+        self.valid = torch.zeros(batch, 0, dtype=torch.bool, device=device)  # (B, T)
+        self.slot_pos = torch.zeros(batch, 0, dtype=torch.long, device=device)  # (B, T) true position of each slot
+        self.next_pos = torch.zeros(batch, dtype=torch.long, device=device)  # (B,)
+        self._planned: torch.Tensor | None = None  # positions of the chunk being fed
+
+    @property
+    def length(self) -> int:
+        return self.valid.shape[1]
+
+    def plan(self, chunks: list[list[int]], pad_id: int, max_pos: int | None):
+        """Token ids, positions, real-token flags and the 4-D mask for feeding ``chunks`` (one list a row)."""
+        batch, n = len(chunks), max(1, max(len(c) for c in chunks))
+        device = self.valid.device
+        ids = torch.full((batch, n), pad_id, dtype=torch.long, device=device)
+        real = torch.zeros(batch, n, dtype=torch.bool, device=device)
+        for b, chunk in enumerate(chunks):
+            if chunk:
+                ids[b, : len(chunk)] = torch.tensor(chunk, dtype=torch.long, device=device)
+                real[b, : len(chunk)] = True
+        positions = self.next_pos[:, None] + torch.arange(n, device=device)[None, :]
+        if max_pos is not None:
+            positions = positions.clamp(max=max_pos - 1)  # padding slots only; real tokens stay in range
+        causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        new = causal[None, :, :] & real[:, None, :]
+        new = new | torch.eye(n, dtype=torch.bool, device=device)[None]  # a padding query sees itself: no empty rows
+        old = self.valid[:, None, :].expand(batch, n, self.length)
+        allowed = torch.cat([old, new], dim=2)[:, None, :, :]
+        self._planned = positions
+        return ids, positions, real, allowed
+
+    def commit(self, keep: torch.Tensor) -> None:
+        """After a forward call over n new slots: ``keep`` (B, n) marks which of them hold accepted tokens."""
+        self.valid = torch.cat([self.valid, keep], dim=1)
+        self.slot_pos = torch.cat([self.slot_pos, self._planned], dim=1)
+        self.next_pos = self.next_pos + keep.sum(dim=1)
+
+    def rollback(self, row: int, n: int) -> None:
+        """Turn the last ``n`` real slots of ``row`` into holes (rejected drafts) and step its position back."""
+        if n <= 0:
+            return
+        slots = torch.nonzero(self.valid[row]).flatten()[-n:]
+        self.valid[row, slots] = False
+        self.next_pos[row] -= n
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only ``rows`` (finished rows leave the batch and cost nothing more)."""
+        self.cache.reorder_cache(rows)
+        self.valid = self.valid.index_select(0, rows)
+        self.slot_pos = self.slot_pos.index_select(0, rows)
+        self.next_pos = self.next_pos.index_select(0, rows)
+
+    def maybe_compact(self, threshold: float = 0.5) -> None:
+        """Gather each row's real slots to the front when holes are more than ``threshold`` of the cache
+        (0: whenever there is one)."""
+        holes = 1.0 - self.valid.float().mean().item() if self.length else 0.0
+        if holes <= threshold:
+            return
+        counts = self.valid.sum(dim=1)
+        width = int(counts.max().item())
+        # For each row, the source slot of every kept slot: real slots in order, then slot 0 as filler.
+        order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)[:, :width]
+        new_valid = torch.arange(width, device=self.valid.device)[None, :] < counts[:, None]
+        for layer in _self_attention_layers(self.cache):
+            index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            layer.keys = layer.keys.gather(2, index)
+            layer.values = layer.values.gather(2, index)
+        self.slot_pos = self.slot_pos.gather(1, order)
+        self.valid = new_valid
+
+
+def _self_attention_layers(cache):
+    inner = getattr(cache, "self_attention_cache", cache)
+    return inner.layers
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where attention is allowed, the dtype's lowest value elsewhere (softmax gives exactly 0 there)."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+class _Layer:
+    """One layer's self-attention keys and values (B, heads, T, head_dim), grown a chunk at a time."""
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+
+class LeanCache:
+    """The Whisper adapters' cache: self-attention keys/values per layer (compacted and reordered by
+    ``RaggedCache`` like any other) and the cross-attention keys/values, computed once from the encoder
+    output."""
+
+    def __init__(self, layers: int) -> None:
+        self.layers = [_Layer() for _ in range(layers)]
+        self.cross: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def reorder_cache(self, rows: torch.Tensor) -> None:
+        for layer in self.layers:
+            if layer.keys is not None:
+                layer.keys, layer.values = layer.keys.index_select(0, rows), layer.values.index_select(0, rows)
+        if self.cross is not None:
+            self.cross = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.cross]
+
+
