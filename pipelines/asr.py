@@ -18,7 +18,6 @@ hallucinated text).
 
 from __future__ import annotations
 
-import glob
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -27,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .audio import SAMPLE_RATE, AudioDecodeError, is_audio_name, stream_audio
+from .audio import SAMPLE_RATE, AudioDecodeError, stream_audio
+from .inputs import find_audio
 from .engine import DecodeOptions, DecodeStats, PolicyOptions, Rules, TimestampRules, rules_from_generation_config
 from .pairs import load_pair
 from .registry import Pair
@@ -88,21 +88,6 @@ class Transcript:
     @property
     def ok(self) -> bool:
         return self.error is None
-
-
-def find_audio(inputs: Iterable[str | Path]) -> list[Path]:
-    """Expand files, folders (recursively, audio and video extensions only) and globs, in a stable order."""
-    found: list[Path] = []
-    for item in inputs:
-        path = Path(item)
-        if path.is_dir():
-            found += sorted(p for p in path.rglob("*") if p.is_file() and is_audio_name(p))
-        elif any(ch in str(item) for ch in "*?["):
-            found += sorted(Path(p) for p in glob.glob(str(item), recursive=True) if Path(p).is_file())
-        else:
-            found.append(path)
-    seen: set[Path] = set()
-    return [p for p in found if not (p in seen or seen.add(p))]
 
 
 class WindowReader:
@@ -548,6 +533,8 @@ def transcribe(paths: Iterable[str | Path], pair: Pair, options: TranscribeOptio
                 active.append(_open(path, options))
             except AudioDecodeError as exc:
                 yield Transcript(str(path), "", 0.0, time.perf_counter() - t0, error=exc.reason)
+            except OSError as exc:  # unreadable in a way the checks did not foresee: this file fails, the run goes on
+                yield Transcript(str(path), "", 0.0, time.perf_counter() - t0, error=f"cannot be read ({exc.strerror or exc})")
         if not active:
             continue
         _step(runner, active, options)

@@ -7,10 +7,13 @@ Every failure is an ``AudioDecodeError`` whose message names the file and the re
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+
+from .paths import display
 
 SAMPLE_RATE = 16000  # Whisper's input rate, Hz
 # Extensions offered when a folder is scanned; any other file can still be passed explicitly.
@@ -25,16 +28,20 @@ class AudioDecodeError(ValueError):
 
     def __init__(self, path: str | Path, reason: str) -> None:
         self.path, self.reason = str(path), reason
-        super().__init__(f"{path}: {reason}")
+        super().__init__(f"{display(path)}: {reason}")
 
 
 def _check_file(path: Path) -> None:
     if not path.exists():
+        if path.is_symlink():
+            raise AudioDecodeError(path, f"broken symbolic link (to {display(os.readlink(path))}, which does not exist)")
         raise AudioDecodeError(path, "no such file")
     if not path.is_file():
         raise AudioDecodeError(path, "not a regular file")
     if path.stat().st_size == 0:
         raise AudioDecodeError(path, "empty file (0 bytes)")
+    if not os.access(path, os.R_OK):
+        raise AudioDecodeError(path, "cannot be read (permission denied)")
 
 
 def _to_mono(block: np.ndarray) -> np.ndarray:
@@ -45,7 +52,7 @@ def _stream_soundfile(path: Path, block_seconds: float) -> Iterator[np.ndarray]:
     import soundfile as sf
     import soxr
 
-    with sf.SoundFile(path) as f:
+    with open(path, "rb") as fh, sf.SoundFile(fh) as f:
         if f.frames == 0:
             raise AudioDecodeError(path, "zero-length audio (no samples)")
         resampler = None if f.samplerate == SAMPLE_RATE else soxr.ResampleStream(
@@ -67,11 +74,13 @@ def _stream_soundfile(path: Path, block_seconds: float) -> Iterator[np.ndarray]:
 def _stream_av(path: Path, block_seconds: float) -> Iterator[np.ndarray]:
     import av
 
+    fh = open(path, "rb")  # a file object: names that are not UTF-8 reach ffmpeg intact
     try:
-        container = av.open(str(path))
+        container = av.open(fh)
     except (av.error.FFmpegError, UnicodeDecodeError) as exc:
+        fh.close()
         raise AudioDecodeError(path, f"not an audio file or unsupported format ({exc.__class__.__name__})") from None
-    with container:
+    with fh, container:
         if not container.streams.audio:
             raise AudioDecodeError(path, "the file has no audio stream")
         stream = container.streams.audio[0]
@@ -111,7 +120,7 @@ def stream_audio(path: str | Path, block_seconds: float = 30.0) -> Iterator[np.n
     path = Path(path)
     _check_file(path)
     try:
-        with sf.SoundFile(path):
+        with open(path, "rb") as fh, sf.SoundFile(fh):
             pass
         use_soundfile = True
     except (sf.LibsndfileError, RuntimeError, TypeError):

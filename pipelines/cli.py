@@ -119,9 +119,10 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
 
     from .engine import parse_policy
 
-    from .asr import TranscribeOptions, find_audio, transcribe
+    from .asr import TranscribeOptions, transcribe
+    from .inputs import display, find_inputs
     from .metrics import wer
-    from .outputs import OutputTree, run_signature, write_atomic
+    from .outputs import OutputError, OutputTree, run_signature
     from .registry import load_registry
 
     registry = load_registry(models)
@@ -138,11 +139,24 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
                                 use_assistant=use_assistant, policy=policy, compare=compare, batch_size=batch_size,
                                 long_form=long_form, timestamps=timestamps or any(f in ("srt", "vtt", "tsv") for f in (formats if out else ())))
     refs = _load_refs(refs_manifest)
-    files = find_audio(paths)
-    if not files:
-        print("tandem: no audio files found in " + ", ".join(paths), file=sys.stderr)
+    missing = [p for p in paths if not any(ch in p for ch in "*?[") and not os.path.lexists(p)]
+    if missing:
+        print(f"tandem: no such file or folder: {display(missing[0])}", file=sys.stderr)
         return 2
-    tree = OutputTree(out, files, formats, run_signature(pair.name, options)) if out else None
+    inputs, collisions = find_inputs(paths)
+    files = [i.path for i in inputs]
+    if not files:
+        print("tandem: no audio files found in " + ", ".join(display(p) for p in paths), file=sys.stderr)
+        return 2
+    tree = OutputTree(out, inputs, formats, run_signature(pair.name, options)) if out else None
+    if tree:
+        try:
+            tree.open()  # before any model loads: a folder we cannot write to is known now
+        except OutputError as e:
+            print(f"tandem: {e}", file=sys.stderr)
+            return 2
+    for line in collisions:
+        print(line)
     todo = [f for f in files if not (tree and f.exists() and tree.is_done(f))]
     if not pair.uses_assistant or not use_assistant:
         mode = "plain decoding" + ("" if use_assistant else " (--no-assistant)")
@@ -161,7 +175,7 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
             results.append(result)
             if tree:
                 tree.write(result)
-            name = Path(result.path).name
+            name = display(Path(result.path).name)
             line = f"{name}  [{result.duration:.1f} s audio]  {result.text}" if result.ok else f"{name}  FAILED: {result.error}"
             bar.write(line)
             audio_done = sum(r.duration for r in results)
@@ -174,8 +188,10 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
     wall = time.perf_counter() - start
     good = [r for r in results if r.ok]
     failed = [r for r in results if not r.ok]
-    if tree and failed:
-        write_atomic(Path(out) / "failures.tsv", "path\treason\n" + "".join(f"{r.path}\t{r.error}\n" for r in failed))
+    if tree:
+        if failed:
+            tree.add_failures(failed)
+        tree.close()
     audio = sum(r.duration for r in good)
     print("\nsummary" + (" (interrupted: finished files are kept; run again to resume)" if interrupted else ""))
     print(f"  files:           {len(results)} ({len(failed)} failed)" + (f", {len(files) - len(todo)} skipped (done before)" if len(todo) < len(files) else ""))

@@ -7,6 +7,7 @@ local folder (``embedded.embedded_path``), a hub model is read from the Hugging 
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,44 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
 
 
+HUB_TIMEOUT_S = 2.0  # how long we wait to learn that the model hub cannot be reached
+
+
+@functools.lru_cache(maxsize=1)
+def hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
+    """Whether a TCP connection to the model hub (``HF_ENDPOINT``, default huggingface.co:443) opens within
+    ``timeout`` seconds, name lookup included (run in a thread: a lookup cannot be given a timeout). Asked
+    once per process, before a hub model that is not cached is fetched, so that a machine without network
+    learns it in seconds instead of after the hub client's retries."""
+    import socket
+    import threading
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme != "http" else 80)
+    ok: list[bool] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            ok.append(True)
+        except OSError:
+            pass
+
+    worker = threading.Thread(target=connect, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    return bool(ok)
+
+
+def _unreachable(ref: ModelRef, why: str) -> ModelUnavailableError:
+    return ModelUnavailableError(
+        f"{ref} is not in the local cache and {why}: download it once on a machine with internet "
+        f"(`hf download {ref.id}`, then copy ~/.cache/huggingface) or name a local folder for it in models.yaml "
+        f"({{local: PATH}}); `tandem models` lists the pairs available offline"
+    )
+
+
 def resolve(ref: ModelRef) -> tuple[str, dict]:
     """What to hand ``from_pretrained``: a path or hub id, and keyword arguments (revision, offline)."""
     if ref.source == "embedded":
@@ -71,7 +110,9 @@ def resolve(ref: ModelRef) -> tuple[str, dict]:
     if cached is not None:
         kwargs["local_files_only"] = True
     elif _offline():
-        raise ModelUnavailableError(f"{ref} is not in the local cache and HF_HUB_OFFLINE is set")
+        raise _unreachable(ref, "HF_HUB_OFFLINE is set (the model hub is not asked)")
+    elif not hub_reachable():
+        raise _unreachable(ref, f"the model hub cannot be reached (no connection within {HUB_TIMEOUT_S:.0f} s)")
     return ref.id, kwargs
 
 

@@ -1,9 +1,12 @@
 """Transcript files (txt, json, srt, vtt, tsv), written atomically, with a per-file record for resuming.
 
-For an input ``a/b.wav`` and output folder ``OUT``: ``OUT/a/b.txt`` etc., then ``OUT/a/b.tandem.json``
-(the record: source size and mtime, the run's signature, status, outputs). Outputs are written to a
-temporary name and renamed into place; the record is written last. A re-run skips a file whose record
-says done with the same signature and source, and whose outputs all exist; anything else is redone.
+For an input named ``a/b`` (``inputs.find_inputs``: relative to the folder given) and output folder
+``OUT``: ``OUT/a/b.txt`` etc., then ``OUT/a/b.tandem.json`` (the record: the input's absolute path, size
+and mtime, the run's signature, status, outputs). Outputs are written to a temporary name and renamed into
+place with the user's umask; the record is written last. A re-run skips a file whose record names the same
+input, says done with the same signature and source, and whose outputs all exist; anything else is redone.
+One run writes to a folder at a time (``OUT/.tandem.lock``, held while it runs); failures are appended to
+``OUT/failures.tsv``, earlier runs' lines kept.
 """
 
 from __future__ import annotations
@@ -12,10 +15,12 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from dataclasses import asdict
 from pathlib import Path
 
 from .asr import Segment, Transcript
+from .inputs import Input, display
 
 FORMATS = ("txt", "json", "srt", "vtt", "tsv")
 RECORD_SUFFIX = ".tandem.json"
@@ -46,6 +51,7 @@ def format_tsv(segments: tuple[Segment, ...]) -> str:
 
 def format_json(t: Transcript) -> str:
     data = asdict(t)
+    data["path"] = display(t.path)  # valid UTF-8 whatever bytes the name has
     data["segments"] = [asdict(s) for s in t.segments]
     return json.dumps(data, ensure_ascii=False, indent=1)
 
@@ -58,16 +64,33 @@ def render(t: Transcript, fmt: str) -> str:
     return {"srt": format_srt, "vtt": format_vtt, "tsv": format_tsv}[fmt](t.segments)
 
 
+def _file_mode() -> int:
+    """0666 less the process's umask: what a plain ``open(..., "w")`` would give."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+FILE_MODE = _file_mode()
+
+
 def write_atomic(path: Path, text: str | bytes) -> None:
+    """Write to a temporary file beside ``path`` and rename it into place (readers see the old or the new
+    file, never half of one); the file takes the user's umask."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(text.encode("utf-8") if isinstance(text, str) else text)
+            os.fchmod(f.fileno(), FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+class OutputError(RuntimeError):
+    """The output folder cannot be used (not a folder, not writable, another run holds it)."""
 
 
 def run_signature(pair_name: str, options) -> str:
@@ -79,17 +102,48 @@ def run_signature(pair_name: str, options) -> str:
 
 
 class OutputTree:
-    """Where each input's outputs go, relative to the common root of the inputs."""
+    """Where each input's outputs go: ``OUT/<its name>.<format>`` (names from ``inputs.find_inputs``)."""
 
-    def __init__(self, out_dir: str | Path, inputs: list[Path], formats: tuple[str, ...], signature: str) -> None:
+    LOCK = ".tandem.lock"
+
+    def __init__(self, out_dir: str | Path, inputs: list[Input], formats: tuple[str, ...], signature: str) -> None:
         self.out = Path(out_dir)
         self.formats, self.signature = formats, signature
-        resolved = [p.resolve().parent for p in inputs] or [Path.cwd()]
-        self.root = Path(os.path.commonpath([str(p) for p in resolved]))
+        self.names = {i.path: i.name for i in inputs}
+        self._lock_fd: int | None = None
+
+    def open(self) -> None:
+        """Make the folder if needed, check that it can be written, and take its lock. Raises OutputError
+        with one sentence (before any model loads)."""
+        import fcntl
+
+        out = display(self.out)
+        if self.out.exists() and not self.out.is_dir():
+            raise OutputError(f"--out {out} exists and is not a folder")
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.out / self.LOCK, os.O_RDWR | os.O_CREAT, FILE_MODE)
+        except OSError as exc:
+            raise OutputError(f"--out {out} cannot be created or written ({exc.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 400, 0).decode("utf-8", "replace").strip() or "another run"
+            os.close(fd)
+            raise OutputError(f"--out {out} is in use by {holder}; wait for it to finish or choose another folder") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"tandem run pid {os.getpid()} started {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def close(self) -> None:
+        """Release the folder's lock."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def base(self, source: Path) -> Path:
-        rel = source.resolve().relative_to(self.root)
-        return self.out / rel.parent / rel.stem
+        name = self.names.get(source)
+        return self.out / (name if name is not None else Path(source.name).with_suffix(""))
 
     def record_path(self, source: Path) -> Path:
         return self.base(source).with_name(self.base(source).name + RECORD_SUFFIX)
@@ -102,7 +156,7 @@ class OutputTree:
         record = self.record_path(source)
         try:
             meta = json.loads(record.read_text())
-            same_source = meta["source"] == self._source_id(source)
+            same_source = meta["path"] == os.path.abspath(source) and meta["source"] == self._source_id(source)
         except (OSError, ValueError, KeyError):
             return False
         outputs = [Path(p) for p in meta.get("outputs", [])]
@@ -119,8 +173,24 @@ class OutputTree:
                 path = base.with_name(f"{base.name}.{fmt}")
                 write_atomic(path, render(t, fmt))
                 written.append(path)
-        meta = {"source": self._source_id(source) if source.exists() else None, "path": str(source),
-                "signature": self.signature, "status": "done" if t.ok else "failed", "error": t.error,
-                "outputs": [str(p) for p in written]}
+        try:
+            source_id = self._source_id(source)
+        except OSError:
+            source_id = None
+        meta = {"source": source_id, "path": os.path.abspath(source), "signature": self.signature,
+                "status": "done" if t.ok else "failed", "error": t.error, "outputs": [str(p) for p in written]}
         write_atomic(self.record_path(source), json.dumps(meta, indent=1))
         return written
+
+    def add_failures(self, failed: list[Transcript]) -> Path:
+        """Append this run's failures to ``failures.tsv`` (path, reason, when), keeping earlier lines."""
+        path = self.out / "failures.tsv"
+        try:
+            old = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            old = "path\treason\ttime\n"
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+        clean = lambda text: " ".join(str(text).split())  # noqa: E731  (one line, no tabs)
+        new = "".join(f"{clean(display(t.path))}\t{clean(t.error)}\t{stamp}\n" for t in failed)
+        write_atomic(path, old + new)
+        return path

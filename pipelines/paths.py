@@ -32,3 +32,8 @@ def data_dir() -> Path:
 def downloads_dir() -> Path:
     """Registry artefacts fetched by the data builders (source tarballs, npm packages, apt lists)."""
     return cache_root() / "downloads"
+
+
+def display(path: str | os.PathLike) -> str:
+    """A path as printable UTF-8 text: bytes a file name may hold that are not UTF-8 are shown as \\xNN."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
