@@ -135,6 +135,9 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
     except ValueError as e:
         print(f"tandem: {e}", file=sys.stderr)
         return 2
+    if batch_size < 1:
+        print(f"tandem: --batch-size must be 1 or more (got {batch_size})", file=sys.stderr)
+        return 2
     options = TranscribeOptions(language=None if language == "auto" else language, task=task, dtype=dtype,
                                 use_assistant=use_assistant, policy=policy, compare=compare, batch_size=batch_size,
                                 long_form=long_form, timestamps=timestamps or any(f in ("srt", "vtt", "tsv") for f in (formats if out else ())))
