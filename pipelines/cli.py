@@ -358,7 +358,9 @@ def cmd_regress(args: argparse.Namespace) -> int:
         accept(config, args.accept)
         print(f"run {args.accept} accepted: it is now the baseline")
         return 0
-    run_id, findings, report = regress(config, pin=args.pin)
+    run_id, findings, notes, report = regress(config, pin=args.pin)
+    for line in notes:
+        print(line, file=sys.stderr)
     for f in findings:
         print(f"REGRESSION: {f.line}", file=sys.stderr)
     print(f"run {run_id}: {'FAIL' if findings else 'PASS'}; report {report}")
@@ -534,14 +536,15 @@ def main(argv: list[str] | None = None) -> int:
     _set_threads(args.threads)
     from .audio import AudioDecodeError
     from .distill import DistillError
-    from .regress import RegressConfigError
+    from .regress import RegressConfigError, RegressRunError
     from .evalsets import DataBuildError
     from .loading import ModelUnavailableError
     from .registry import RegistryError
 
     try:
         return args.func(args)
-    except (RegistryError, ModelUnavailableError, DataBuildError, AudioDecodeError, DistillError, RegressConfigError) as exc:
+    except (RegistryError, ModelUnavailableError, DataBuildError, AudioDecodeError, DistillError, RegressConfigError,
+            RegressRunError) as exc:
         print(f"tandem: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

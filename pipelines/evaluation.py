@@ -27,6 +27,7 @@ SCHEMA = "tandem-eval/1"
 #   "latency": {"plain": {"median_s", "min_s", "max_s", "runs_s": [...]}, "assisted": {...},
 #               "speedup": float, "repeats": int},  # speedup = plain median / assisted median
 #   "acceptance": float | null, "calls_per_token": float | null, "tokens": int,
+#   "tokens_per_call_runs": [float, ...],          # tokens per main-model call, each assisted repeat
 #   "peak_memory_mb": float, "environment": {...}
 # }
 
@@ -41,7 +42,8 @@ def environment(dtype: str) -> dict:
                                 cwd=Path(__file__).parent, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         pass
-    return {**env(), "tandem": __version__, "dtype": dtype, "git_commit": commit, "platform": platform.platform()}
+    return {**env(), "tandem": __version__, "dtype": dtype, "device": "cpu", "git_commit": commit,
+            "platform": platform.platform(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
 def _spread(runs: list[float]) -> dict:
@@ -131,11 +133,15 @@ def evaluate(task: str, pair_name: str, set_name: str, limit: int | None = None,
     outputs: dict[bool, list[str]] = {}
     stats: dict[bool, tuple] = {}
     runs: dict[bool, list[float]] = {False: [], True: []}
+    per_call: list[float] = []  # tokens per main-model call of each assisted repeat (the adaptive lookahead varies)
     for _ in range(max(1, repeats)):
         for assisted in (False, True):  # interleaved, so drift hits both modes alike
             start = time.perf_counter()
             outputs[assisted], stats[assisted] = run(assisted)
             runs[assisted].append(time.perf_counter() - start)
+        t, c = stats[True][0], stats[True][1]
+        if c:
+            per_call.append(t / c)
     tokens, calls, drafted, accepted = stats[True]
     plain, assisted = _spread(runs[False]), _spread(runs[True])
     return {
@@ -147,6 +153,7 @@ def evaluate(task: str, pair_name: str, set_name: str, limit: int | None = None,
                     "repeats": max(1, repeats)},
         "acceptance": accepted / drafted if drafted else None,
         "calls_per_token": calls / tokens if tokens else None,
+        "tokens_per_call_runs": per_call,
         "tokens": tokens,
         "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "environment": environment(dtype),

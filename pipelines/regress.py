@@ -10,34 +10,48 @@ A config (YAML) names the evaluations to run and the thresholds:
     thresholds:
       quality_drop: {wer: 0.005, cer: 0.005, bleu: 1.0, chrf: 1.0, rouge1: 0.01, rouge2: 0.01, rougeL: 0.01}
       identical_min: 1.0         # greedy: anything below 100% identical output is a regression
-      speedup_drop: 0.10         # relative drop of the speedup allowed ...
-      noise_factor: 2.0          # ... or noise_factor x the measured relative spread, whichever is larger
-      tokens_per_call_drop: 0.15 # relative drop of tokens per main-model call (acceptance) allowed
+      speedup_drop: 0.10         # relative drop of the speedup always allowed (the floor) ...
+      noise_factor: 2.0          # ... or noise_factor x the spread measured over the repeats, if larger
+      tokens_per_call_drop: 0.15 # the same for tokens per main-model call (acceptance)
     runs:
       - {task: asr, pair: whisper-base, set: speech-real, limit: 12, dtype: float32}
       - {task: asr, pair: whisper-base, set: speech-real, policy: {name: constant, lookahead: 3}}
 
-Every run is appended to the history (SQLite: one row per run, one per evaluation with its full tandem-eval/1
-report). A run with no regression is accepted and becomes the next baseline; ``--accept ID`` accepts a run by
-hand (an intended change), ``--pin ID`` (or ``baseline: ID``) compares with a fixed run.
+Every run is appended to the history (``regress_history``: SQLite, one row per run, one per evaluation with
+its full tandem-eval/1 report). A run with no regression is accepted and becomes the next baseline;
+``--accept ID`` accepts a run by hand (an intended change), ``--pin ID`` (or ``baseline: ID``) compares
+with a fixed run.
+
+Comparisons know their noise and compare like with like:
+    - each evaluation's baseline is the latest accepted run holding the same evaluation (task, pair, set,
+      limit, dtype), measured on the same machine (CPU model, threads, device, library versions) when
+      there is one; across machines only quality is compared, and the report says why;
+    - a gated speed figure (speedup, tokens per main call) may drop by max(floor, noise_factor x spread),
+      the spread being the relative range of its per-repeat values in this run and in the baseline's: the
+      adaptive lookahead's choices depend on timing, so its tokens per call vary from run to run; with one
+      repeat there is no spread to measure, and an adaptive run's speed figures are then reported, not gated;
+    - an evaluation with no baseline says so, and the run becomes its baseline.
+The whole config is validated before anything runs (``load_config``): unknown keys, metric names, numbers
+and their ranges, dtypes, limits, policies, pairs (present, fitting the task) and sets (known, of the task).
+Exit codes: 0 no regression, 1 a regression (and nothing else), 2 a config or run problem.
 """
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
-import html
-import io
 import json
-import sqlite3
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from .outputs import write_atomic
+from .regress_history import (
+    Finding, accept_run, baselines_for, heal_report, machine_of, open_history, render_report, store_run,
+)
 
 LOWER_IS_BETTER = {"wer", "cer"}
+METRICS = ("wer", "cer", "bleu", "chrf", "rouge1", "rouge2", "rougeL", "rougeLsum")
 DEFAULT_THRESHOLDS = {
     "quality_drop": {"wer": 0.005, "cer": 0.005, "bleu": 1.0, "chrf": 1.0, "rouge1": 0.01, "rouge2": 0.01, "rougeL": 0.01},
     "identical_min": 1.0,
@@ -45,11 +59,19 @@ DEFAULT_THRESHOLDS = {
     "noise_factor": 2.0,
     "tokens_per_call_drop": 0.15,
 }
+FRACTIONS = {"identical_min": (0.0, 1.0), "speedup_drop": (0.0, 0.99), "tokens_per_call_drop": (0.0, 0.99),
+             "noise_factor": (0.0, 100.0)}
 RUN_KEYS = {"task", "pair", "set", "limit", "dtype", "policy", "repeats"}
+TOP_KEYS = {"models", "out", "repeats", "baseline", "thresholds", "runs"}
+SET_TASKS = {"speech": "asr", "translate": "translate", "summarize": "summarize"}  # set name prefix -> task
 
 
 class RegressConfigError(ValueError):
     """The regression config cannot be used; the message names the field."""
+
+
+class RegressRunError(RuntimeError):
+    """An evaluation could not run (a model or set that cannot be had); the message says which."""
 
 
 @dataclass(frozen=True)
@@ -81,20 +103,94 @@ class Config:
     runs: tuple[EvalSpec, ...]
 
 
-@dataclass(frozen=True)
-class Finding:
-    key: str
-    what: str  # quality | identical | speedup | tokens_per_call
-    line: str  # one line, naming the evaluation and the figures
-
-
 def _fail(path: Path, where: str, problem: str) -> RegressConfigError:
     return RegressConfigError(f"{path}: {where}: {problem}")
 
 
-def load_config(path: str | Path) -> Config:
-    """Read and validate a regression config (one place that validates)."""
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _positive_int(path: Path, where: str, v) -> int | None:
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise _fail(path, where, f"must be a whole number of 1 or more (got {v!r})")
+    return v
+
+
+def _thresholds(path: Path, given) -> dict:
+    thresholds = json.loads(json.dumps(DEFAULT_THRESHOLDS))
+    if given is None:
+        return thresholds
+    if not isinstance(given, dict):
+        raise _fail(path, "thresholds", "must be a mapping")
+    for k, v in given.items():
+        if k not in thresholds:
+            raise _fail(path, f"thresholds.{k}", f"unknown threshold (expected {', '.join(thresholds)})")
+        if k == "quality_drop":
+            if not isinstance(v, dict):
+                raise _fail(path, "thresholds.quality_drop", "must map metric names to non-negative numbers")
+            for metric, x in v.items():
+                if metric not in METRICS:
+                    raise _fail(path, f"thresholds.quality_drop.{metric}", f"unknown metric (expected {', '.join(METRICS)})")
+                if not _is_number(x) or x < 0:
+                    raise _fail(path, f"thresholds.quality_drop.{metric}", f"must be a non-negative number (got {x!r})")
+            thresholds[k].update(v)
+            continue
+        low, high = FRACTIONS[k]
+        if not _is_number(v) or not low <= v <= high:
+            raise _fail(path, f"thresholds.{k}", f"must be a number from {low:g} to {high:g} (got {v!r})")
+        thresholds[k] = float(v)
+    return thresholds
+
+
+def _policy(path: Path, where: str, policy) -> tuple[tuple[str, object], ...]:
     from .engine import POLICIES, PolicyOptions
+
+    if policy is None:
+        return ()
+    fields = PolicyOptions.__dataclass_fields__
+    if not isinstance(policy, dict) or set(policy) - set(fields):
+        raise _fail(path, where, f"must be a mapping of {', '.join(fields)}")
+    if "name" in policy and policy["name"] not in POLICIES:
+        raise _fail(path, f"{where}.name", f"{policy['name']!r} is not one of {', '.join(POLICIES)}")
+    for k in ("lookahead", "max_lookahead", "seed"):
+        if k in policy and (not isinstance(policy[k], int) or isinstance(policy[k], bool) or policy[k] < (0 if k == "seed" else 1)):
+            raise _fail(path, f"{where}.{k}", f"must be a whole number (got {policy[k]!r})")
+    if "confidence" in policy and (not _is_number(policy["confidence"]) or not 0 < policy["confidence"] < 1):
+        raise _fail(path, f"{where}.confidence", f"must be a number between 0 and 1 (got {policy['confidence']!r})")
+    options = PolicyOptions(**policy)
+    if options.lookahead > options.max_lookahead:
+        raise _fail(path, f"{where}.lookahead", f"{options.lookahead} is above max_lookahead {options.max_lookahead}")
+    return tuple(sorted(policy.items()))
+
+
+def _check_pairs_and_sets(path: Path, models: str | None, runs: list[EvalSpec]) -> None:
+    from .evalsets import SETS
+    from .registry import RegistryError, load_registry
+
+    try:
+        registry = load_registry(models)
+    except RegistryError as exc:
+        raise _fail(path, "models", str(exc)) from None
+    for i, spec in enumerate(runs):
+        try:
+            pair = registry.get(spec.pair)
+        except (RegistryError, KeyError) as exc:
+            raise _fail(path, f"runs[{i}].pair", str(exc).strip("'\"")) from None
+        if pair.task != spec.task:
+            raise _fail(path, f"runs[{i}].pair", f"{spec.pair!r} is a {pair.task} pair, not a {spec.task} pair")
+        if spec.set not in SETS:
+            raise _fail(path, f"runs[{i}].set", f"unknown set {spec.set!r} (known: {', '.join(SETS)})")
+        if SET_TASKS.get(spec.set.split("-")[0]) != spec.task:
+            raise _fail(path, f"runs[{i}].set", f"{spec.set!r} is not a {spec.task} set")
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate the whole regression config before anything runs (one place that validates).
+    Raises RegressConfigError naming the file and the field."""
+    from .loading import DTYPES
 
     path = Path(path)
     try:
@@ -105,21 +201,11 @@ def load_config(path: str | Path) -> Config:
         raise RegressConfigError(f"{path}: is not valid YAML") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("runs"), list) or not raw["runs"]:
         raise RegressConfigError(f"{path}: must be a mapping with a non-empty 'runs' list")
-    unknown = set(raw) - {"models", "out", "repeats", "baseline", "thresholds", "runs"}
+    unknown = set(raw) - TOP_KEYS
     if unknown:
-        raise _fail(path, sorted(unknown)[0], "unknown key (expected models, out, repeats, baseline, thresholds, runs)")
-    thresholds = json.loads(json.dumps(DEFAULT_THRESHOLDS))
-    for k, v in (raw.get("thresholds") or {}).items():
-        if k not in thresholds:
-            raise _fail(path, f"thresholds.{k}", f"unknown threshold (expected {', '.join(thresholds)})")
-        if k == "quality_drop":
-            if not isinstance(v, dict) or not all(isinstance(x, (int, float)) and x >= 0 for x in v.values()):
-                raise _fail(path, "thresholds.quality_drop", "must map metric names to non-negative numbers")
-            thresholds[k].update(v)
-        elif not isinstance(v, (int, float)) or v < 0:
-            raise _fail(path, f"thresholds.{k}", "must be a non-negative number")
-        else:
-            thresholds[k] = float(v)
+        raise _fail(path, sorted(unknown)[0], f"unknown key (expected {', '.join(sorted(TOP_KEYS))})")
+    thresholds = _thresholds(path, raw.get("thresholds"))
+    repeats = _positive_int(path, "repeats", raw.get("repeats", 3))
     runs = []
     for i, r in enumerate(raw["runs"]):
         where = f"runs[{i}]"
@@ -129,79 +215,79 @@ def load_config(path: str | Path) -> Config:
             raise _fail(path, f"{where}.{sorted(set(r) - RUN_KEYS)[0]}", f"unknown key (expected {', '.join(sorted(RUN_KEYS))})")
         if r["task"] not in ("asr", "translate", "summarize"):
             raise _fail(path, f"{where}.task", f"{r['task']!r} is not asr, translate or summarize")
-        policy = r.get("policy") or {}
-        if not isinstance(policy, dict) or set(policy) - set(PolicyOptions.__dataclass_fields__):
-            raise _fail(path, f"{where}.policy", f"must be a mapping of {', '.join(PolicyOptions.__dataclass_fields__)}")
-        if "name" in policy and policy["name"] not in POLICIES:
-            raise _fail(path, f"{where}.policy.name", f"{policy['name']!r} is not one of {', '.join(POLICIES)}")
-        runs.append(EvalSpec(r["task"], str(r["pair"]), str(r["set"]), r.get("limit"), r.get("dtype"),
-                             tuple(sorted(policy.items())), r.get("repeats")))
+        if r.get("dtype") is not None and r["dtype"] not in DTYPES:
+            raise _fail(path, f"{where}.dtype", f"{r['dtype']!r} is not one of {', '.join(DTYPES)}")
+        runs.append(EvalSpec(r["task"], str(r["pair"]), str(r["set"]), _positive_int(path, f"{where}.limit", r.get("limit")),
+                             r.get("dtype"), _policy(path, f"{where}.policy", r.get("policy")),
+                             _positive_int(path, f"{where}.repeats", r.get("repeats"))))
+    keys = [spec.key for spec in runs]
+    if len(set(keys)) < len(keys):
+        dup = next(k for k in keys if keys.count(k) > 1)
+        raise _fail(path, "runs", f"two runs measure the same evaluation {dup.replace('|', ' ')} (give them another limit or dtype)")
     base = path.parent
     models = raw.get("models")
     baseline = raw.get("baseline", "last")
-    if baseline != "last" and not isinstance(baseline, int):
+    if baseline != "last" and (not isinstance(baseline, int) or isinstance(baseline, bool)):
         raise _fail(path, "baseline", "must be 'last' or a run id")
-    return Config(path, str((base / models).resolve()) if models else None, (base / raw.get("out", "reports/nightly")).resolve(),
-                  int(raw.get("repeats", 3)), baseline, thresholds, tuple(runs))
-
-
-# ----------------------------------------------------------------------------------------------------
-# History (SQLite)
-
-
-def open_history(path: Path) -> sqlite3.Connection:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(path)
-    db.executescript("""
-        CREATE TABLE IF NOT EXISTS runs (
-            id INTEGER PRIMARY KEY AUTOINCREMENT, started TEXT, config TEXT, git_commit TEXT,
-            status TEXT, accepted INTEGER, baseline INTEGER, findings TEXT);
-        CREATE TABLE IF NOT EXISTS results (
-            run_id INTEGER, key TEXT, task TEXT, pair TEXT, set_name TEXT, speedup REAL, identical_rate REAL,
-            tokens_per_call REAL, acceptance REAL, quality TEXT, report TEXT);
-    """)
-    return db
-
-
-def baseline_run(db: sqlite3.Connection, pinned: str | int) -> int | None:
-    if pinned != "last":
-        row = db.execute("SELECT id FROM runs WHERE id = ?", (int(pinned),)).fetchone()
-        if row is None:
-            raise RegressConfigError(f"baseline run {pinned} is not in the history")
-        return int(row[0])
-    row = db.execute("SELECT id FROM runs WHERE accepted = 1 ORDER BY id DESC LIMIT 1").fetchone()
-    return int(row[0]) if row else None
-
-
-def results_of(db: sqlite3.Connection, run_id: int) -> dict[str, dict]:
-    return {key: json.loads(rep) for key, rep in db.execute("SELECT key, report FROM results WHERE run_id = ?", (run_id,))}
+    models = str((base / models).resolve()) if models else None
+    _check_pairs_and_sets(path, models, runs)
+    out = (base / raw.get("out", "reports/nightly")).resolve()
+    if out.exists() and not out.is_dir():
+        raise _fail(path, "out", f"{out} exists and is not a folder")
+    return Config(path, models, out, repeats, baseline, thresholds, tuple(runs))
 
 
 # ----------------------------------------------------------------------------------------------------
 # Comparison
 
 
-def tokens_per_call(report: dict) -> float | None:
-    cpt = report.get("calls_per_token")
+def tokens_per_call(report: dict | None) -> float | None:
+    cpt = report.get("calls_per_token") if report else None
     return 1.0 / cpt if cpt else None
 
 
-def relative_noise(report: dict) -> float:
-    """The measured spread of the speedup: (max - min) / median of each mode's repeated latency, summed
-    (the speedup is a ratio of the two, so their relative spreads add)."""
+def _spread(values: list[float]) -> float | None:
+    """Relative range (max - min) / median of repeated measurements; None with fewer than two."""
+    values = [v for v in values if v]
+    if len(values) < 2:
+        return None
+    return (max(values) - min(values)) / statistics.median(values)
+
+
+def speedups(report: dict) -> list[float]:
+    """The speedup of each repeat (plain / assisted of the same interleaved round)."""
     lat = report["latency"]
-    return sum((lat[m]["max_s"] - lat[m]["min_s"]) / lat[m]["median_s"] for m in ("plain", "assisted") if lat[m]["median_s"])
+    return [p / a for p, a in zip(lat["plain"]["runs_s"], lat["assisted"]["runs_s"]) if a]
 
 
-def compare(key: str, now: dict, base: dict | None, th: dict) -> list[Finding]:
-    """Regressions of one evaluation against its baseline (identical rate needs no baseline)."""
-    found = []
+def _allowance(floor: float, factor: float, now: float | None, base: float | None) -> float | None:
+    """max(floor, factor x the larger measured spread); None when neither run measured one."""
+    spreads = [s for s in (now, base) if s is not None]
+    return max(floor, factor * max(spreads)) if spreads else None
+
+
+def _gate_drop(found: list[Finding], notes: list[str], what: Finding, now: float, old: float, allowed: float | None,
+               why_not: str, unit: str) -> None:
+    """A relative drop of ``now`` below ``old`` beyond ``allowed`` is a regression (``what`` names it); with no
+    allowance (no noise measured) the figures are noted, not gated."""
+    figures = f"{what.line} {now:.2f}{unit} vs baseline {old:.2f}{unit}"
+    if allowed is None:
+        notes.append(f"{figures} not gated ({why_not})")
+    elif now < old * (1 - allowed):
+        found.append(Finding(what.key, what.what, f"{figures} (dropped {1 - now / old:.0%} > allowed {allowed:.0%})"))
+
+
+def compare(key: str, now: dict, base: dict | None, same_machine: bool, th: dict) -> tuple[list[Finding], list[str]]:
+    """Regressions of one evaluation against its baseline, and notes (what was not compared, and why).
+    The identical rate needs no baseline."""
+    found, notes = [], []
     label = f"{now['task']} {now['pair']}/{now['set']}"
     if now["identical_rate"] < th["identical_min"]:
         found.append(Finding(key, "identical", f"{label}: identical output {now['identical_rate']:.1%} < "
                                                f"{th['identical_min']:.0%} (assisted differs from plain greedy)"))
     if base is None:
-        return found
+        notes.append(f"NEW: {label} ({key.replace('|', ' ')}): no baseline to compare with; this run becomes its baseline")
+        return found, notes
     for metric, score in now["quality"]["assisted"].items():
         old = base["quality"]["assisted"].get(metric)
         allowed = th["quality_drop"].get(metric)
@@ -211,133 +297,70 @@ def compare(key: str, now: dict, base: dict | None, th: dict) -> list[Finding]:
         if drop > allowed + 1e-12:
             found.append(Finding(key, "quality", f"{label}: {metric} {score['value']:.4f} vs baseline {old['value']:.4f} "
                                                  f"(worse by {drop:.4f} > allowed {allowed})"))
-    # speedup: a drop beyond both the fixed threshold and the measured noise of this run and the baseline
-    s_now, s_old = now["latency"]["speedup"], base["latency"]["speedup"]
-    noise = max(relative_noise(now), relative_noise(base))
-    allowed = max(th["speedup_drop"], th["noise_factor"] * noise)
-    if s_now < s_old * (1 - allowed):
-        found.append(Finding(key, "speedup", f"{label}: speedup {s_now:.2f}x vs baseline {s_old:.2f}x "
-                                             f"(dropped {1 - s_now / s_old:.0%} > allowed {allowed:.0%}, noise {noise:.0%})"))
+    if not same_machine:
+        diff = ", ".join(f"{k} {base_env!r} -> {now_env!r}" for k, now_env, base_env in
+                         ((k, machine_of(now)[k], machine_of(base)[k]) for k in machine_of(now)) if now_env != base_env)
+        notes.append(f"{label}: speed not compared (baseline measured on another machine or setting: {diff}); quality compared")
+        return found, notes
+    adaptive = now.get("policy", {}).get("name") == "adaptive"
+    # speedup: a drop beyond max(floor, noise_factor x the spread of the per-repeat speedups, now and baseline)
+    allowed = _allowance(th["speedup_drop"], th["noise_factor"], _spread(speedups(now)), _spread(speedups(base)))
+    _gate_drop(found, notes, Finding(key, "speedup", f"{label}: speedup"), now["latency"]["speedup"],
+               base["latency"]["speedup"], allowed, "one repeat measures no noise: set repeats to 3 or more", "x")
+    # tokens per call: deterministic for a fixed schedule (the floor alone); the adaptive lookahead's varies with timing
     t_now, t_old = tokens_per_call(now), tokens_per_call(base)
-    if t_now and t_old and t_now < t_old * (1 - th["tokens_per_call_drop"]):
-        found.append(Finding(key, "tokens_per_call", f"{label}: tokens per main call {t_now:.2f} vs baseline {t_old:.2f} "
-                                                     f"(dropped {1 - t_now / t_old:.0%} > allowed {th['tokens_per_call_drop']:.0%})"))
-    return found
-
-
-# ----------------------------------------------------------------------------------------------------
-# Report
-
-
-def _history_series(db: sqlite3.Connection) -> dict[str, list[tuple[int, dict]]]:
-    series: dict[str, list[tuple[int, dict]]] = {}
-    for run_id, key, rep in db.execute("SELECT run_id, key, report FROM results ORDER BY run_id"):
-        series.setdefault(key, []).append((run_id, json.loads(rep)))
-    return series
-
-
-def plot_series(key: str, points: list[tuple[int, dict]]) -> bytes:
-    """Speedup and the first quality metric (assisted) over runs, one PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    runs = [r for r, _ in points]
-    metric = next(iter(points[-1][1]["quality"]["assisted"]))
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3))
-    a.plot(runs, [p["latency"]["speedup"] for _, p in points], marker="o")
-    a.axhline(1.0, color="grey", lw=0.8, ls="--")
-    a.set_title("speedup (plain / assisted)")
-    a.set_xlabel("run")
-    b.plot(runs, [p["quality"]["assisted"][metric]["value"] for _, p in points], marker="o", color="tab:green")
-    b.set_title(f"{metric} (assisted)")
-    b.set_xlabel("run")
-    for ax in (a, b):
-        ax.grid(alpha=0.3)
-        ax.xaxis.get_major_locator().set_params(integer=True)
-    fig.suptitle(key.replace("|", "  "), fontsize=9)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
-    return buf.getvalue()
-
-
-def _row(key: str, now: dict, base: dict | None) -> list[str]:
-    q = ", ".join(f"{k} {v['value']:.4f}" for k, v in now["quality"]["assisted"].items())
-    bq = ", ".join(f"{k} {v['value']:.4f}" for k, v in base["quality"]["assisted"].items()) if base else "-"
-    tpc = tokens_per_call(now)
-    return [key.replace("|", " "), q, bq, f"{now['latency']['speedup']:.2f}x",
-            f"{base['latency']['speedup']:.2f}x" if base else "-", f"{now['identical_rate']:.0%}",
-            f"{tpc:.2f}" if tpc else "-"]
-
-
-def write_report(out: Path, run_id: int, base_id: int | None, results: dict[str, dict], baseline: dict[str, dict],
-                 findings: list[Finding], db: sqlite3.Connection) -> tuple[Path, Path]:
-    """report.md and report.html (plots embedded; the PNGs are also written next to them)."""
-    head = ["evaluation", "quality (assisted)", "baseline quality", "speedup", "baseline speedup", "identical", "tokens/call"]
-    rows = [_row(k, r, baseline.get(k)) for k, r in results.items()]
-    verdict = "PASS: no regression" if not findings else f"FAIL: {len(findings)} regression(s)"
-    md = [f"# Tandem regression run {run_id}", "", f"{verdict}; baseline: run {base_id if base_id else '(none yet)'}", ""]
-    md += [f"- {f.line}" for f in findings] + ([""] if findings else [])
-    md += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
-    md += ["", "## History", ""]
-    htm = [f"<h1>Tandem regression run {run_id}</h1>", f"<p><b>{html.escape(verdict)}</b>; baseline: run {base_id or '(none yet)'}</p>"]
-    htm += ["<ul>" + "".join(f"<li>{html.escape(f.line)}</li>" for f in findings) + "</ul>"] if findings else []
-    htm += ["<table border=1 cellpadding=4><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
-    htm += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows] + ["</table>", "<h2>History</h2>"]
-    series = _history_series(db)
-    for i, key in enumerate(results):
-        png = plot_series(key, series.get(key, []))
-        name = f"plot-{i + 1}.png"
-        write_atomic(out / name, png)
-        md.append(f"![{key}]({name})")
-        htm.append(f"<p>{html.escape(key)}</p><img alt='{html.escape(key)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>")
-    md_path, html_path = out / "report.md", out / "report.html"
-    write_atomic(md_path, "\n".join(md) + "\n")
-    write_atomic(html_path, "<!doctype html><meta charset=utf-8><title>Tandem regression</title>"
-                 "<body style='font-family:sans-serif;max-width:1000px'>" + "\n".join(htm) + "</body>")
-    return md_path, html_path
+    if t_now and t_old:
+        spreads = _spread(now.get("tokens_per_call_runs", [])), _spread(base.get("tokens_per_call_runs", []))
+        allowed = (_allowance(th["tokens_per_call_drop"], th["noise_factor"], *spreads) if adaptive
+                   else th["tokens_per_call_drop"])
+        _gate_drop(found, notes, Finding(key, "tokens_per_call", f"{label}: tokens per main call"), t_now, t_old, allowed,
+                   "the adaptive lookahead varies with timing and one repeat measures no spread", "")
+    return found, notes
 
 
 # ----------------------------------------------------------------------------------------------------
 
 
-def regress(config: Config, pin: int | None = None, log=print) -> tuple[int, list[Finding], Path]:
-    """Run every evaluation, store it, compare with the baseline, write the report.
-    Returns (run id, regressions, report.html path)."""
+def regress(config: Config, pin: int | None = None, log=print) -> tuple[int, list[Finding], list[str], Path]:
+    """Run every evaluation, compare each with its baseline, store the run, write the report. Returns
+    (run id, regressions, notes, report.html path). Raises RegressRunError when an evaluation cannot run."""
     from .engine import PolicyOptions
+    from .evalsets import DataBuildError
     from .evaluation import evaluate
+    from .loading import ModelUnavailableError
 
     db = open_history(config.out / "history.sqlite")
-    base_id = baseline_run(db, pin if pin is not None else config.baseline)
-    baseline = results_of(db, base_id) if base_id else {}
+    heal_report(db, config.out)
+    pinned = pin if pin is not None else (None if config.baseline == "last" else int(config.baseline))
+    if pinned is not None and db.execute("SELECT 1 FROM runs WHERE id = ?", (pinned,)).fetchone() is None:
+        raise RegressConfigError(f"baseline run {pinned} is not in the history {config.out / 'history.sqlite'}")
+    started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     results: dict[str, dict] = {}
     for spec in config.runs:
         log(f"evaluating {spec.key}")
-        results[spec.key] = evaluate(spec.task, spec.pair, spec.set, limit=spec.limit, repeats=spec.repeats or config.repeats,
-                                     dtype=spec.dtype, models=config.models, policy=PolicyOptions(**dict(spec.policy)))
-    findings = [f for k, r in results.items() for f in compare(k, r, baseline.get(k), config.thresholds)]
-    commit = next(iter(results.values()))["environment"].get("git_commit")
-    cur = db.execute("INSERT INTO runs (started, config, git_commit, status, accepted, baseline, findings) VALUES (?,?,?,?,?,?,?)",
-                     (dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), str(config.path), commit,
-                      "fail" if findings else "pass", 0 if findings else 1, base_id, json.dumps([f.line for f in findings])))
-    run_id = int(cur.lastrowid)
+        try:
+            results[spec.key] = evaluate(spec.task, spec.pair, spec.set, limit=spec.limit, repeats=spec.repeats or config.repeats,
+                                         dtype=spec.dtype, models=config.models, policy=PolicyOptions(**dict(spec.policy)))
+        except (ModelUnavailableError, DataBuildError) as exc:
+            raise RegressRunError(f"{spec.key.replace('|', ' ')}: {exc}") from None
+    machines = {key: machine_of(r) for key, r in results.items()}
+    bases = baselines_for(db, list(results), machines, pinned)
+    findings, notes = [], []
     for key, r in results.items():
-        db.execute("INSERT INTO results VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                   (run_id, key, r["task"], r["pair"], r["set"], r["latency"]["speedup"], r["identical_rate"],
-                    tokens_per_call(r), r["acceptance"], json.dumps(r["quality"]), json.dumps(r)))
-    db.commit()
-    _, html_path = write_report(config.out, run_id, base_id, results, baseline, findings, db)
+        base = bases.get(key)
+        f, n = compare(key, r, base[1] if base else None, bool(base and base[2]), config.thresholds)
+        findings += f
+        notes += n
+    commit = next(iter(results.values()))["environment"].get("git_commit")
+    run_id = store_run(db, started, str(config.path), commit, findings, notes, {k: b[0] for k, b in bases.items()}, results)
+    _, html_path = render_report(db, config.out, run_id)
     db.close()
-    return run_id, findings, html_path
+    return run_id, findings, notes, html_path
 
 
 def accept(config: Config, run_id: int) -> None:
     """Accept a run by hand (an intended change): it becomes the baseline for "last"."""
     db = open_history(config.out / "history.sqlite")
-    if db.execute("UPDATE runs SET accepted = 1 WHERE id = ?", (run_id,)).rowcount == 0:
+    if not accept_run(db, run_id):
         raise RegressConfigError(f"run {run_id} is not in the history {config.out / 'history.sqlite'}")
-    db.commit()
     db.close()

@@ -108,3 +108,122 @@ def test_broken_configs_are_named(tmp_path):
     for obj, message in bad:
         with pytest.raises(RegressConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
             load_config(_write(tmp_path / "c.yaml", obj))
+
+
+# --- nightly runs a team can trust: noise, like with like, configs, history ------------------------------
+
+
+def _report(speedups=(1.5, 1.5, 1.5), per_call=(2.0, 2.0, 2.0), wer=0.05, policy="adaptive", cpu="cpu-a", threads=2):
+    import statistics
+
+    plain = [1.0 * s for s in speedups]
+    assisted = [1.0] * len(speedups)
+    spread = lambda runs: {"median_s": statistics.median(runs), "min_s": min(runs), "max_s": max(runs), "runs_s": runs}  # noqa: E731
+    return {"task": "asr", "pair": "p", "set": "speech-real", "identical_rate": 1.0, "policy": {"name": policy}, "acceptance": 0.6,
+            "quality": {"assisted": {"wer": {"value": wer}}},
+            "latency": {"plain": spread(plain), "assisted": spread(assisted), "speedup": statistics.median(plain)},
+            "calls_per_token": 1.0 / per_call[-1], "tokens_per_call_runs": list(per_call),
+            "environment": {"cpu": cpu, "threads": threads, "device": "cpu", "torch": "2.13.0", "transformers": "5.24.0",
+                            "python": "3.11"}}
+
+
+def _gate(now, base, same=True):
+    from pipelines.regress import DEFAULT_THRESHOLDS, compare
+
+    return compare("k", now, base, same, DEFAULT_THRESHOLDS)
+
+
+def test_unchanged_figures_within_their_noise_pass_and_planted_drops_fail():
+    # the adaptive lookahead's tokens per call as measured back to back on unchanged code (issue 21): all pass
+    nights = [(2.06, 1.97, 1.77), (1.77, 1.9, 2.0), (2.12, 1.85, 1.8), (1.8, 1.77, 2.05)]
+    base = _report(speedups=(1.20, 1.12, 1.25), per_call=nights[0])
+    for per_call, speed in zip(nights[1:], [(1.10, 1.18, 1.2), (1.25, 1.1, 1.15), (1.08, 1.2, 1.16)]):
+        found, _ = _gate(_report(speedups=speed, per_call=per_call), base)
+        assert found == [], found
+    # a planted slowdown and a planted acceptance drop still fail, each named
+    found, _ = _gate(_report(speedups=(0.9, 0.92, 0.91), per_call=nights[1]), base)
+    assert [f.what for f in found] == ["speedup"]
+    found, _ = _gate(_report(speedups=(1.2, 1.18, 1.2), per_call=(1.05, 1.0, 1.1)), base)
+    assert [f.what for f in found] == ["tokens_per_call"]
+    # a fixed schedule is deterministic: its floor alone gates
+    fixed = _report(per_call=(2.5, 2.5, 2.5), policy="constant")
+    assert _gate(_report(per_call=(2.4, 2.4, 2.4), policy="constant"), fixed)[0] == []
+    assert [f.what for f in _gate(_report(per_call=(2.0, 2.0, 2.0), policy="constant"), fixed)[0]] == ["tokens_per_call"]
+    # quality keeps its absolute threshold
+    assert [f.what for f in _gate(_report(wer=0.08), _report(wer=0.05))[0]] == ["quality"]
+
+
+def test_one_repeat_is_reported_not_gated():
+    found, notes = _gate(_report(speedups=(1.0,), per_call=(1.0,)), _report(speedups=(1.5,), per_call=(2.0,)))
+    assert found == [] and any("not gated" in n and "speedup" in n for n in notes)
+    assert any("tokens per main call" in n and "not gated" in n for n in notes)
+
+
+def test_other_machine_compares_quality_only_and_new_evaluations_say_so():
+    found, notes = _gate(_report(speedups=(0.5, 0.5, 0.5), cpu="cpu-b", wer=0.2), _report(), same=False)
+    assert [f.what for f in found] == ["quality"]
+    assert any("speed not compared" in n and "cpu-a" in n and "cpu-b" in n for n in notes)
+    found, notes = _gate(_report(), None)
+    assert found == [] and notes[0].startswith("NEW:") and "no baseline" in notes[0]
+
+
+def test_baseline_is_matched_per_evaluation_and_machine(tmp_path):
+    from pipelines.regress_history import baselines_for, machine_of, open_history, store_run
+
+    db = open_history(tmp_path / "h.sqlite")
+    a, b = _report(cpu="cpu-a"), _report(cpu="cpu-b")
+    store_run(db, "t1", "c", "x", [], [], {}, {"k1": a})
+    store_run(db, "t2", "c", "x", [], [], {}, {"k1": b})
+    found = baselines_for(db, ["k1", "k2"], {"k1": machine_of(a), "k2": machine_of(a)}, None)
+    assert found["k1"][0] == 1 and found["k1"][2] is True  # the older run on the same machine wins over a newer other one
+    assert "k2" not in found
+
+
+def test_config_mistakes_exit_2_before_anything_runs(tmp_path, capsys, monkeypatch):
+    from pipelines import evaluation
+
+    monkeypatch.setattr(evaluation, "evaluate", lambda *a, **k: pytest.fail("an evaluation ran"))
+    run = {"task": "asr", "pair": "whisper-base", "set": "speech-real"}
+    cases = [
+        ({"thresholds": {"quality_drop": {"wre": 0.01}}, "runs": [run]}, "thresholds.quality_drop.wre: unknown metric"),
+        ({"runs": [dict(run, limit=-2)]}, "runs[0].limit: must be a whole number of 1 or more"),
+        ({"runs": [dict(run, limit=0)]}, "runs[0].limit"),
+        ({"runs": [run, dict(run, dtype="bf16")]}, "runs[1].dtype: 'bf16' is not one of"),
+        ({"runs": [dict(run, pair="nllb-1.3b+distilled-600m")]}, "is a translate pair, not a asr pair"),
+        ({"runs": [run, dict(run, pair="no-such-pair")]}, "runs[1].pair"),
+        ({"runs": [run, dict(run, set="speech-nowhere")]}, "runs[1].set: unknown set"),
+        ({"runs": [dict(run, set="translate-udhr")]}, "is not a asr set"),
+        ({"thresholds": {"identical_min": 1.1}, "runs": [run]}, "thresholds.identical_min: must be a number from 0 to 1"),
+        ({"thresholds": {"speedup_drop": True}, "runs": [run]}, "thresholds.speedup_drop"),
+        ({"repeats": 0, "runs": [run]}, "repeats: must be a whole number"),
+        ({"runs": [dict(run, policy={"name": "constant", "lookahead": "3"})]}, "runs[0].policy.lookahead"),
+        ({"runs": [run, dict(run)]}, "two runs measure the same evaluation"),
+        ({"runs": [run], "outt": "x"}, "outt: unknown key"),
+    ]
+    for obj, message in cases:
+        path = _write(tmp_path / "nightly.yaml", obj)
+        assert main(["regress", "--config", str(path)]) == 2, message
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (message, err)
+
+
+def test_history_survives_a_reader_and_a_killed_run(tmp_path):
+    """A reader holding the history open does not make the run's commit fail (WAL); a run killed after its
+    commit leaves a stale report that the next invocation re-renders from the history."""
+    from pipelines.regress_history import heal_report, open_history, render_report, store_run
+
+    path = tmp_path / "history.sqlite"
+    db = open_history(path)
+    first = store_run(db, "t1", "c", "x", [], [], {}, {"k": _report()})
+    render_report(db, tmp_path, first)
+    reader = sqlite3.connect(path)
+    reader.execute("BEGIN")
+    assert reader.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 1  # a read transaction stays open
+    second = store_run(db, "t2", "c", "x", [], [], {"k": first}, {"k": _report(speedups=(1.4, 1.5, 1.6))})
+    reader.rollback()
+    reader.close()
+    # killed before the report: report.md still shows the first run
+    assert (tmp_path / "report.md").read_text().startswith(f"# Tandem regression run {first}\n")
+    heal_report(open_history(path), tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert report.startswith(f"# Tandem regression run {second}\n") and "Runs compared" in report and "cpu-a" in report
