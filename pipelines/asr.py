@@ -19,8 +19,9 @@ hallucinated text).
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -28,7 +29,10 @@ import numpy as np
 
 from .audio import SAMPLE_RATE, AudioDecodeError, stream_audio
 from .inputs import find_audio
-from .engine import DecodeOptions, DecodeStats, PolicyOptions, Rules, TimestampRules, rules_from_generation_config
+from .engine import (
+    DecodeOptions, DecodeStats, EncoderOutput, PolicyOptions, Rules, Sampling, TimestampRules, rules_from_generation_config,
+)
+from .safeguards import MIN_AUDIO_SECONDS, TEMPERATURES, WindowVerdict, check_options, decide
 from .pairs import load_pair
 from .registry import Pair
 
@@ -53,8 +57,14 @@ class TranscribeOptions:
     timestamps: bool = False  # timestamp tokens even for files of one window (always on for longer files)
     policy: PolicyOptions = PolicyOptions()  # how many tokens the assistant drafts each round
     long_form: str = "sequential"  # files over 30 s: "sequential" (Whisper's seek) or "chunked" (cut at pauses, batched)
+    # Whisper's safeguards (see pipelines/safeguards.py; None turns a check off)
+    temperature: tuple[float, ...] = TEMPERATURES  # the first decodes greedily, each fallback samples at the next
+    compression_ratio_threshold: float | None = 2.4  # text more repetitive than this: fall back
+    logprob_threshold: float | None = -1.0  # average log-probability below this: fall back
+    no_speech_threshold: float | None = 0.6  # p(no speech) above this (and a low avg_logprob): silence, skipped
 
     def __post_init__(self) -> None:
+        check_options(self)
         if self.long_form not in LONG_FORMS:
             raise ValueError(f"long_form must be one of {', '.join(LONG_FORMS)}, not {self.long_form!r}")
         if self.batch_size < 1:
@@ -66,6 +76,11 @@ class Segment:
     start: float  # seconds from the start of the file
     end: float
     text: str
+    avg_logprob: float | None = None  # of the window it came from (safeguards.avg_logprob)
+    no_speech_prob: float | None = None  # p(no speech) at the window's first decoding step
+    compression_ratio: float | None = None  # of the window's text
+    temperature: float | None = None  # of the window's kept decode (above 0: a fallback)
+    no_speech: bool = False  # p(no speech) was above no_speech_threshold; kept because the text was confident
 
 
 @dataclass(frozen=True)
@@ -84,6 +99,9 @@ class Transcript:
     decode_seconds: float = 0.0  # decoder time, encoder excluded (its share)
     plain_seconds: float | None = None  # with compare: plain decoder time for the same windows
     identical: bool | None = None  # with compare: assisted tokens == plain tokens in every window
+    retried: int = 0  # windows decoded again at a higher temperature (safeguards)
+    skipped: int = 0  # windows skipped as silence (no_speech_threshold)
+    dropped: int = 0  # windows dropped: still repetitive or unlikely at the last temperature
 
     @property
     def ok(self) -> bool:
@@ -147,6 +165,9 @@ class _Cursor:
     drafted: float = 0.0
     accepted: float = 0.0
     done: bool = False
+    retried: int = 0
+    skipped: int = 0
+    dropped: int = 0
     leftovers: list[tuple[int, np.ndarray]] = field(default_factory=list)  # chunked: (start, samples) to redo
 
 
@@ -361,26 +382,48 @@ class WhisperRunner:
         x = self.features(windows, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
         return x.to(self.model.dtype)
 
-    def decode_windows(self, windows: list[np.ndarray], prompts: list[list[int]], timestamps: bool,
-                       options: TranscribeOptions, encoded: list | None = None):
-        """One engine call over windows of several files (same prompt length). ``encoded``: per window, its
-        encoder output when it was already computed (language detection), else None. Returns tokens per
-        window, stats, and (with compare) the plain run's tokens and stats."""
-        from .engine import EncoderOutput
+    @cached_property
+    def no_speech_id(self) -> int | None:
+        """<|nospeech|> (<|nocaptions|> in the older vocabularies), or None when the model has neither."""
+        vocab = self.tokenizer.get_vocab()
+        return next((vocab[t] for t in ("<|nospeech|>", "<|nocaptions|>") if t in vocab), None)
 
+    def encode_windows(self, windows: list[np.ndarray], encoded: list | None = None) -> tuple[EncoderOutput, float]:
+        """The encoder output for ``windows`` (windows, frames, d_model), reusing the ones already computed
+        (``encoded``: per window, a language detection's output or None), and the seconds it took."""
+        start = time.perf_counter()
         x = self.feats(windows)
-        encoder_output = None
-        if encoded is not None and any(h is not None for h in encoded):
-            missing = [i for i, h in enumerate(encoded) if h is None]
-            fresh = iter(self.encode(x[missing]) if missing else [])
-            hidden = self._torch.stack([h if h is not None else next(fresh) for h in encoded])
-            encoder_output = EncoderOutput(hidden, None)
+        encoded = encoded or [None] * len(windows)
+        missing = [i for i, h in enumerate(encoded) if h is None]
+        fresh = iter(self.encode(x[missing]) if missing else [])
+        hidden = self._torch.stack([h if h is not None else next(fresh) for h in encoded])
+        return EncoderOutput(hidden, None), time.perf_counter() - start
+
+    def no_speech_probs(self, enc: EncoderOutput) -> list[float | None]:
+        """p(<|nospeech|>) at the first decoding step of each window: the main decoder's logits after
+        <|startoftranscript|> alone (Whisper's no_speech_prob)."""
+        if self.no_speech_id is None:
+            return [None] * len(enc.hidden)
+        main = self.loaded.plain.main
+        sot = self.model.generation_config.decoder_start_token_id
+        with self._torch.inference_mode():
+            logits, _ = main.forward([[sot]] * len(enc.hidden), main.new_cache(len(enc.hidden)), enc, sot)
+        return self._torch.softmax(logits[:, 0].float(), dim=-1)[:, self.no_speech_id].tolist()
+
+    def decode_encoded(self, enc: EncoderOutput, prompts: list[list[int]], timestamps: bool, options: TranscribeOptions,
+                       temperature: float = 0.0, seed: int | None = None):
+        """One engine call over encoded windows of several files (same prompt length): greedy at temperature 0
+        (with compare, also plainly), else speculative sampling at ``temperature``."""
         rules = self.rules(len(prompts[0]), timestamps, options.max_new_tokens)
-        decode_options = DecodeOptions(max_new_tokens=options.max_new_tokens, policy=options.policy,
-                                       compare_plain=options.compare and options.use_assistant)
+        sampled = temperature > 0
+        decode_options = DecodeOptions(max_new_tokens=options.max_new_tokens, policy=options.policy, do_sample=sampled,
+                                       sampling=Sampling(temperature=temperature) if sampled else Sampling(), seed=seed,
+                                       compare_plain=options.compare and options.use_assistant and not sampled)
         engine = self.loaded.engine if options.use_assistant else self.loaded.plain
-        return engine.generate(prompts, rules, decode_options, encoder_inputs={"input_features": x},
-                               encoder_output=encoder_output)
+        return engine.generate(prompts, rules, decode_options, encoder_output=enc)
+
+    def text_of(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
 
 
 def _open(path: Path, options: TranscribeOptions) -> _Cursor:
@@ -394,7 +437,7 @@ def _finish(cur: _Cursor, compare: bool) -> Transcript:
     return Transcript(
         str(cur.path), text, cur.reader.known_length / SAMPLE_RATE, cur.seconds, None, tuple(cur.segments),
         cur.language, cur.tokens, cur.main_calls, cur.drafted, cur.accepted, cur.decode_seconds,
-        cur.plain_seconds if compare else None, cur.identical if compare else None,
+        cur.plain_seconds if compare else None, cur.identical if compare else None, cur.retried, cur.skipped, cur.dropped,
     )
 
 
@@ -445,7 +488,8 @@ def _gather(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOpt
             if piece is None:
                 break
             start, audio = piece
-            if _is_silent(audio):
+            too_short = cur.reader.ended and cur.reader.known_length < MIN_AUDIO_SECONDS * SAMPLE_RATE
+            if _is_silent(audio) or too_short:
                 if not _in_chunks(cur, options):
                     cur.seek += len(audio)
                 cur.done = cur.reader.ended and cur.seek >= cur.reader.known_length
@@ -465,35 +509,70 @@ def _gather(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOpt
 
 
 def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptions) -> None:
-    """Advance every active cursor: its next window (or chunks) decoded together with the other files'."""
+    """Advance every active cursor: its next window (or chunks) decoded together with the other files',
+    under Whisper's safeguards (``safeguards.decide``)."""
     work = _gather(runner, active, options)
+    eot = runner.model.generation_config.eos_token_id
     for timestamps, items in work.items():
         if not items:
             continue
         # batch rows must share the prompt length (same model, same mode: always true here)
-        result = runner.decode_windows([p.audio for p in items], [p.cursor.prompt for p in items], timestamps,
-                                       options, encoded=[p.encoded for p in items])
-        share = 1.0 / len(items)
-        for row, piece in enumerate(items):
+        enc, encode_s = runner.encode_windows([p.audio for p in items], [p.encoded for p in items])
+        seeds = [zlib.crc32(f"{p.cursor.path}:{p.start}".encode("utf-8", "surrogateescape")) for p in items]
+        verdicts, calls = decide(runner, enc, [p.cursor.prompt for p in items], timestamps, options, seeds)
+        for rows, result in calls:
+            for j, r in enumerate(rows):
+                _account(items[r].cursor, result, j, 1.0 / len(rows))
+        for piece, verdict in zip(items, verdicts):
             cur, start, audio = piece.cursor, piece.start, piece.audio
-            tokens = [t for t in result.tokens[row] if t != runner.model.generation_config.eos_token_id]
+            cur.seconds += encode_s / len(items)
+            cur.retried += verdict.retried > 0
+            cur.skipped += verdict.skipped
+            cur.dropped += verdict.dropped
+            tokens = [t for t in verdict.tokens if t != eot]
             offset = start / SAMPLE_RATE
             length = len(audio) / SAMPLE_RATE
-            if timestamps:
+            if verdict.skipped or verdict.dropped:
+                segs, advance = [], length  # nothing said (or nothing worth keeping) in this window
+            elif timestamps:
                 segs, advance = segments_from_tokens(tokens, runner.timestamp_begin, offset, length,
                                                      runner.tokenizer.decode)
             else:
-                text = runner.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+                text = runner.text_of(tokens)
                 segs, advance = ([Segment(round(offset, 2), round(offset + length, 2), text)] if text else []), length
             voiced = voiced_frames(audio)
-            cur.segments += split_at_pauses(tighten_segments(segs, voiced, offset), voiced, offset)
+            segs = split_at_pauses(tighten_segments(segs, voiced, offset), voiced, offset)
+            cur.segments += _describe(clamp_segments(segs, offset + length), verdict, options.no_speech_threshold)
             if not _in_chunks(cur, options):
                 cur.seek += max(1, int(round(advance * SAMPLE_RATE)))
             else:
                 _keep_leftover(cur, start, audio, advance, voiced)
-            _account(cur, result, row, share)
     for cur in active:
         cur.done = not cur.leftovers and cur.reader.ended and cur.seek >= cur.reader.known_length
+
+
+def clamp_segments(segments: list[Segment], audio_end: float) -> list[Segment]:
+    """Segments inside the audio: ends past ``audio_end`` (seconds) cut back to it, a segment starting at or
+    after it dropped, and none of zero or negative length (its end moved one timestamp step on, within
+    the audio)."""
+    out = []
+    for seg in segments:
+        if seg.start >= audio_end:
+            continue
+        end = min(seg.end, audio_end)
+        if end <= seg.start:
+            end = min(audio_end, seg.start + TIME_PRECISION)
+        out.append(replace(seg, end=round(end, 2)))
+    return out
+
+
+def _describe(segments: list[Segment], verdict: WindowVerdict, no_speech_threshold: float | None) -> list[Segment]:
+    """The window's safeguard figures on each of its segments."""
+    p = verdict.no_speech_prob
+    flag = p is not None and no_speech_threshold is not None and p > no_speech_threshold
+    return [replace(seg, avg_logprob=round(verdict.avg_logprob, 4), no_speech_prob=None if p is None else round(p, 4),
+                    compression_ratio=round(verdict.compression_ratio, 3), temperature=verdict.temperature, no_speech=flag)
+            for seg in segments]
 
 
 def _keep_leftover(cur: _Cursor, start: int, audio: np.ndarray, advance: float, voiced: np.ndarray) -> None:

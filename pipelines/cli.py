@@ -114,7 +114,7 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
                    refs_manifest: str | None, models: str | None, use_assistant: bool = True,
                    compare: bool = False, out: str | None = None, formats: tuple[str, ...] = ("txt",),
                    batch_size: int = 4, timestamps: bool = False, quiet: bool = False,
-                   long_form: str = "sequential", lookahead: str = "adaptive") -> int:
+                   long_form: str = "sequential", lookahead: str = "adaptive", safeguards: dict | None = None) -> int:
     from tqdm import tqdm
 
     from .engine import parse_policy
@@ -138,9 +138,13 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
     if batch_size < 1:
         print(f"tandem: --batch-size must be 1 or more (got {batch_size})", file=sys.stderr)
         return 2
-    options = TranscribeOptions(language=None if language == "auto" else language, task=task, dtype=dtype,
-                                use_assistant=use_assistant, policy=policy, compare=compare, batch_size=batch_size,
-                                long_form=long_form, timestamps=timestamps or any(f in ("srt", "vtt", "tsv") for f in (formats if out else ())))
+    try:
+        options = TranscribeOptions(language=None if language == "auto" else language, task=task, dtype=dtype,
+                                    use_assistant=use_assistant, policy=policy, **(safeguards or {}), compare=compare, batch_size=batch_size,
+                                    long_form=long_form, timestamps=timestamps or any(f in ("srt", "vtt", "tsv") for f in (formats if out else ())))
+    except ValueError as e:
+        print(f"tandem: {e}", file=sys.stderr)
+        return 2
     refs = _load_refs(refs_manifest)
     missing = [p for p in paths if not any(ch in p for ch in "*?[") and not os.path.lexists(p)]
     if missing:
@@ -207,6 +211,10 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
     if drafted:
         print(f"  acceptance:      {accepted / drafted:.2f} of {drafted:.0f} drafts, "
               f"{tokens / max(calls, 1e-9):.2f} tokens per main-model call")
+    retried, skipped, dropped = (sum(getattr(r, k) for r in good) for k in ("retried", "skipped", "dropped"))
+    if retried or skipped or dropped:
+        print(f"  safeguards:      {retried} windows decoded again hotter, {skipped} skipped as silence, "
+              f"{dropped} dropped (still repetitive or unlikely at the last temperature)")
     compared = [r for r in good if r.plain_seconds is not None]
     if compared:
         assisted_s = sum(r.decode_seconds for r in compared)
@@ -225,6 +233,28 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
     return 1 if failed else 0
 
 
+def _threshold(text: str) -> float | None:
+    """A threshold from the command line: a number, or 'off' (None: the check is off)."""
+    if text.lower() in ("off", "none"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'off', not {text!r}") from None
+
+
+def _temperatures(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, not {text!r}") from None
+
+
+def _safeguards(args: argparse.Namespace) -> dict:
+    return {"temperature": args.temperature, "compression_ratio_threshold": args.compression_ratio_threshold,
+            "logprob_threshold": args.logprob_threshold, "no_speech_threshold": args.no_speech_threshold}
+
+
 def cmd_transcribe(args: argparse.Namespace) -> int:
     formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
     from .outputs import FORMATS
@@ -236,7 +266,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     return run_transcribe(args.paths, args.pair, args.language, args.task, args.dtype, args.refs, args.models,
                           use_assistant=not args.no_assistant, compare=args.compare, out=args.out, formats=formats,
                           batch_size=args.batch_size, timestamps=args.timestamps, long_form=args.long_form,
-                          lookahead=args.lookahead)
+                          lookahead=args.lookahead, safeguards=_safeguards(args))
 
 
 def _read_texts(args: argparse.Namespace) -> list[str]:
@@ -446,6 +476,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lookahead", default="adaptive", metavar="POLICY[:N]",
                    help="drafts per round: adaptive (default), constant:N, heuristic:N, confidence, random:SEED "
                         "(a seeded random schedule, to check that outputs do not depend on it)")
+    p.add_argument("--temperature", type=_temperatures, default=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0), metavar="T[,T...]",
+                   help="Whisper's temperature fallback: the first decodes greedily, each retry samples at the next "
+                        "(assisted, exact speculative sampling) (default: 0,0.2,0.4,0.6,0.8,1.0; 0 alone: no fallback)")
+    p.add_argument("--compression-ratio-threshold", type=_threshold, default=2.4, metavar="X",
+                   help="fall back when the text's gzip compression ratio is above X (default: 2.4; 'off')")
+    p.add_argument("--logprob-threshold", type=_threshold, default=-1.0, metavar="X",
+                   help="fall back when the average log-probability is below X (default: -1.0; 'off')")
+    p.add_argument("--no-speech-threshold", type=_threshold, default=0.6, metavar="P",
+                   help="skip a window as silence when p(no speech) is above P and the average log-probability is "
+                        "below --logprob-threshold (default: 0.6; 'off')")
     p.set_defaults(func=cmd_transcribe)
 
     for task, helptext in (("translate", "translate text (sentences batched through the engine)"),

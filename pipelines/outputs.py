@@ -97,7 +97,8 @@ def run_signature(pair_name: str, options) -> str:
     """What changes the output: the pair and the decoding options (not batch size or compare)."""
     keys = {"pair": pair_name, "language": options.language, "task": options.task, "dtype": options.dtype,
             "assistant": options.use_assistant, "timestamps": options.timestamps, "max_new": options.max_new_tokens,
-            "long_form": options.long_form}
+            "long_form": options.long_form, "temperature": list(options.temperature),
+            "thresholds": [options.compression_ratio_threshold, options.logprob_threshold, options.no_speech_threshold]}
     return hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -185,6 +185,13 @@ def transcribe_page() -> None:
     compare = st.checkbox("Also decode plainly: measure the speedup and check the output is identical", key="compare")
     chunked = st.checkbox("Files over 30 s: cut at pauses and decode 4 chunks at a time (faster; the wording "
                           "may differ at the cuts from Whisper's window-by-window decoding)", key="chunked")
+    with st.expander("Safeguards against invented text (Whisper's)"):
+        fallback = st.checkbox("Decode again hotter when the text repeats itself or is unlikely (temperature "
+                               "fallback 0.2 ... 1.0, assisted)", value=True, key="fallback")
+        ratio = st.number_input("compression_ratio_threshold", value=2.4, min_value=0.1, step=0.1, key="cr_threshold")
+        logprob = st.number_input("logprob_threshold", value=-1.0, step=0.1, key="lp_threshold")
+        no_speech = st.number_input("no_speech_threshold", value=0.6, min_value=0.0, max_value=1.0, step=0.05,
+                                    key="ns_threshold")
     reference = st.text_area("Reference (optional): paste one to get the WER", height=80, key="reference")
     if not st.button("Transcribe", type="primary", key="run"):
         return
@@ -195,7 +202,9 @@ def transcribe_page() -> None:
         st.error(f"The file has {upload.size / 2**20:.0f} MB; the limit is {UPLOAD_LIMIT_MB} MB.")
         return
     options = TranscribeOptions(language=None if language == "auto" else language, compare=compare,
-                                batch_size=4 if chunked else 1, long_form="chunked" if chunked else "sequential")
+                                batch_size=4 if chunked else 1, long_form="chunked" if chunked else "sequential",
+                                temperature=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0) if fallback else (0.0,),
+                                compression_ratio_threshold=ratio, logprob_threshold=logprob, no_speech_threshold=no_speech)
     with tempfile.TemporaryDirectory() as tmp:
         if upload is not None:
             path = Path(tmp) / Path(upload.name).name
@@ -216,12 +225,17 @@ def transcribe_page() -> None:
         st.error(f"This file cannot be read as audio: {result.error}")
         return
     if not result.text:
-        st.info("No speech was found in this file (silence).")
+        st.info("No speech was found in this file" + (f" ({result.skipped} window(s) skipped as silence, "
+                f"{result.dropped} dropped as repetitive or unlikely)" if result.skipped or result.dropped else " (silence)."))
+    elif result.retried:
+        st.caption(f"{result.retried} window(s) were decoded again at a higher temperature (Whisper's fallback).")
     st.text_area("Transcript", result.text, height=140, key="output", disabled=True)
     st.caption(f"{result.duration:.1f} s of audio, language {result.language}, real-time factor "
                f"{result.seconds / result.duration:.3f}" if result.duration else "")
     if result.segments:
-        st.dataframe([{"start": s.start, "end": s.end, "text": s.text} for s in result.segments], hide_index=True)
+        st.dataframe([{"start": s.start, "end": s.end, "text": s.text, "avg_logprob": s.avg_logprob,
+                       "no_speech_prob": s.no_speech_prob, "compression_ratio": s.compression_ratio,
+                       "temperature": s.temperature} for s in result.segments], hide_index=True)
     show_speed(result.tokens, result.decode_seconds or result.seconds, result.main_calls, result.drafted,
                result.accepted, result.plain_seconds, result.identical)
     if reference.strip():

@@ -81,6 +81,9 @@ class DecodeResult:
     stats: DecodeStats
     identical: tuple[bool, ...] | None = None  # with compare_plain: per row, equal to plain greedy decoding
     plain_stats: DecodeStats | None = None  # with compare_plain: the plain run's statistics
+    # per row: sum over the emitted tokens of log p(token), p = softmax of the main model's logits after the
+    # rules, without temperature (Whisper's sum_logprobs; avg_logprob = sum / len)
+    sum_logprobs: tuple[float, ...] = ()
 
 
 def _truncate(tokens: list[int], eos: tuple[int, ...], room: int) -> tuple[list[int], bool]:
@@ -91,6 +94,14 @@ def _truncate(tokens: list[int], eos: tuple[int, ...], room: int) -> tuple[list[
     if len(tokens) >= room:
         return tokens[:room], True
     return tokens, False
+
+
+def add_logprobs(total: float, logits: torch.Tensor, tokens: list[int]) -> float:
+    """total + sum_j log softmax(logits[j])[tokens[j]], one position at a time and in order, so a token
+    verified in a pass of several adds the same float as one decoded alone."""
+    for j, token in enumerate(tokens):
+        total += float(torch.log_softmax(logits[j], dim=-1)[token])
+    return total
 
 
 def accept_greedy(drafts: list[int], logits: torch.Tensor) -> tuple[int, int]:
@@ -166,6 +177,7 @@ class AssistedDecoder:
         alive = list(range(rows))  # original row index of each batch row
         done = [False] * rows  # finished rows stay in the batch (fed nothing) until enough have finished
         hist: Counter[int] = Counter()
+        logprobs = [0.0] * rows
         n_rounds = main_calls = draft_calls = drafted_total = accepted_total = 0
         draft_s = verify_s = 0.0
 
@@ -209,6 +221,7 @@ class AssistedDecoder:
                 else:
                     n, nxt = accept_sampling(dr, qs[b] if qs else [None] * len(dr), row_logits, sampling, generator)
                 emitted[b], done[b] = _truncate(dr[:n] + [nxt], rules.eos, options.max_new_tokens - gen_lens[b])
+                logprobs[alive[b]] = add_logprobs(logprobs[alive[b]], row_logits, emitted[b])
                 keep[b, : len(p) + n] = True
                 accepted[b] = n
                 hist[n] += 1
@@ -255,5 +268,5 @@ class AssistedDecoder:
             plain = self.generate(prompts, rules, replace(options, use_drafter=False, compare_plain=False),
                                   encoder_inputs, enc_all)
             same = tuple(a == b for a, b in zip(tokens, plain.tokens))
-            return DecodeResult(tokens, stats, same, plain.stats)
-        return DecodeResult(tokens, stats)
+            return DecodeResult(tokens, stats, same, plain.stats, tuple(logprobs))
+        return DecodeResult(tokens, stats, sum_logprobs=tuple(logprobs))
