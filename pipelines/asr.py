@@ -399,26 +399,26 @@ class WhisperRunner:
         hidden = self._torch.stack([h if h is not None else next(fresh) for h in encoded])
         return EncoderOutput(hidden, None), time.perf_counter() - start
 
-    def no_speech_probs(self, enc: EncoderOutput) -> list[float | None]:
-        """p(<|nospeech|>) at the first decoding step of each window: the main decoder's logits after
-        <|startoftranscript|> alone (Whisper's no_speech_prob)."""
-        if self.no_speech_id is None:
-            return [None] * len(enc.hidden)
-        main = self.loaded.plain.main
-        sot = self.model.generation_config.decoder_start_token_id
-        with self._torch.inference_mode():
-            logits, _ = main.forward([[sot]] * len(enc.hidden), main.new_cache(len(enc.hidden)), enc, sot)
-        return self._torch.softmax(logits[:, 0].float(), dim=-1)[:, self.no_speech_id].tolist()
+    def no_speech_probs(self, result) -> list[float | None]:
+        """p(<|nospeech|>) at the first decoding step of each window (Whisper's no_speech_prob): the softmax
+        of the main model's logits at <|startoftranscript|>, which the engine returns with the decode
+        (``decode_encoded(..., no_speech=True)``)."""
+        if self.no_speech_id is None or result.prompt_logits is None:
+            return [None] * len(result.tokens)
+        return self._torch.softmax(result.prompt_logits, dim=-1)[:, self.no_speech_id].tolist()
 
     def decode_encoded(self, enc: EncoderOutput, prompts: list[list[int]], timestamps: bool, options: TranscribeOptions,
-                       temperature: float = 0.0, seed: int | None = None):
+                       temperature: float = 0.0, seed: int | None = None, no_speech: bool = False):
         """One engine call over encoded windows of several files (same prompt length): greedy at temperature 0
-        (with compare, also plainly), else speculative sampling at ``temperature``."""
+        (with compare, also plainly), else speculative sampling at ``temperature``. ``no_speech``: also return
+        the logits at <|startoftranscript|> (``no_speech_probs``)."""
         rules = self.rules(len(prompts[0]), timestamps, options.max_new_tokens)
         sampled = temperature > 0
         decode_options = DecodeOptions(max_new_tokens=options.max_new_tokens, policy=options.policy, do_sample=sampled,
                                        sampling=Sampling(temperature=temperature) if sampled else Sampling(), seed=seed,
-                                       compare_plain=options.compare and options.use_assistant and not sampled)
+                                       compare_plain=options.compare and options.use_assistant and not sampled,
+                                       logits_at=prompts[0].index(self.model.generation_config.decoder_start_token_id)
+                                       if no_speech else None)
         engine = self.loaded.engine if options.use_assistant else self.loaded.plain
         return engine.generate(prompts, rules, decode_options, encoder_output=enc)
 

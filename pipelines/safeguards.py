@@ -97,7 +97,7 @@ def decide(runner, enc, prompts: list[list[int]], timestamps: bool, options, see
 
     eot = runner.model.generation_config.eos_token_id
     n = len(prompts)
-    no_speech = runner.no_speech_probs(enc) if options.no_speech_threshold is not None else [None] * n
+    no_speech: list[float | None] = [None] * n
     verdicts: list[WindowVerdict | None] = [None] * n
     calls = []
     todo = list(range(n))
@@ -105,7 +105,10 @@ def decide(runner, enc, prompts: list[list[int]], timestamps: bool, options, see
     for i, temperature in enumerate(temperatures):
         sub = enc if len(todo) == n else EncoderOutput(enc.hidden[todo], None)
         result = runner.decode_encoded(sub, [prompts[r] for r in todo], timestamps, options, temperature,
-                                       seed=None if temperature == 0 else seeds[todo[0]] + i)
+                                       seed=None if temperature == 0 else seeds[todo[0]] + i,
+                                       no_speech=i == 0 and options.no_speech_threshold is not None)
+        if i == 0:
+            no_speech = runner.no_speech_probs(result)
         calls.append((todo, result))
         retry = []
         for j, r in enumerate(todo):

@@ -33,6 +33,7 @@ class DecodeOptions:
     policy: PolicyOptions = PolicyOptions()  # how many tokens to draft each round
     use_drafter: bool = True  # False: plain decoding through the same loop
     compare_plain: bool = False  # greedy only: also decode plainly and report, per row, identical outputs
+    logits_at: int | None = None  # also return the main model's logits at this prompt index (Whisper's no-speech check)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class DecodeResult:
     # per row: sum over the emitted tokens of log p(token), p = softmax of the main model's logits after the
     # rules, without temperature (Whisper's sum_logprobs; avg_logprob = sum / len)
     sum_logprobs: tuple[float, ...] = ()
+    prompt_logits: torch.Tensor | None = None  # with logits_at: (rows, V) float32, the logits at that prompt index
 
 
 def _truncate(tokens: list[int], eos: tuple[int, ...], room: int) -> tuple[list[int], bool]:
@@ -178,6 +180,7 @@ class AssistedDecoder:
         done = [False] * rows  # finished rows stay in the batch (fed nothing) until enough have finished
         hist: Counter[int] = Counter()
         logprobs = [0.0] * rows
+        prompt_logits = None
         n_rounds = main_calls = draft_calls = drafted_total = accepted_total = 0
         draft_s = verify_s = 0.0
 
@@ -196,7 +199,12 @@ class AssistedDecoder:
             # verify: one main pass over pending + drafts; logits from the last pending token on
             t1 = time.perf_counter()
             chunks = [p + dr for p, dr in zip(pending, drafts)]
-            logits, _ = self.main.forward(chunks, cache, enc, self.pad_id, need_from=[len(p) - 1 for p in pending])
+            need = [len(p) - 1 for p in pending]
+            if n_rounds == 1 and options.logits_at is not None:  # the prompt's own logits from that index on
+                need = [min(n, options.logits_at) for n in need]
+            logits, _ = self.main.forward(chunks, cache, enc, self.pad_id, need_from=need)
+            if n_rounds == 1 and options.logits_at is not None:
+                prompt_logits = logits[:, options.logits_at].clone()
             main_calls += 1
             width = max(len(dr) for dr in drafts) + 1
             sel = torch.full((len(alive), width, logits.shape[-1]), float("-inf"))
@@ -268,5 +276,5 @@ class AssistedDecoder:
             plain = self.generate(prompts, rules, replace(options, use_drafter=False, compare_plain=False),
                                   encoder_inputs, enc_all)
             same = tuple(a == b for a, b in zip(tokens, plain.tokens))
-            return DecodeResult(tokens, stats, same, plain.stats, tuple(logprobs))
-        return DecodeResult(tokens, stats, sum_logprobs=tuple(logprobs))
+            return DecodeResult(tokens, stats, same, plain.stats, tuple(logprobs), prompt_logits)
+        return DecodeResult(tokens, stats, sum_logprobs=tuple(logprobs), prompt_logits=prompt_logits)
