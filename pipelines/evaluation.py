@@ -50,7 +50,7 @@ def _spread(runs: list[float]) -> dict:
     return {"median_s": statistics.median(runs), "min_s": min(runs), "max_s": max(runs), "runs_s": runs}
 
 
-def _asr_runner(pair, items, dtype, policy):
+def _asr_runner(pair, items, dtype, policy, temperature=None):
     from .asr import TranscribeOptions, WhisperRunner, transcribe
     from .metrics import cer, wer
 
@@ -59,7 +59,9 @@ def _asr_runner(pair, items, dtype, policy):
     refs = [i["reference"] for i in items]
 
     def run(assisted: bool):
-        results = {r.path: r for r in transcribe(paths, pair, TranscribeOptions(use_assistant=assisted, batch_size=4, policy=policy), runner)}
+        extra = {} if temperature is None else {"temperature": tuple(temperature)}
+        options = TranscribeOptions(use_assistant=assisted, batch_size=4, policy=policy, **extra)
+        results = {r.path: r for r in transcribe(paths, pair, options, runner)}
         ordered = [results[p] for p in paths]
         bad = [r for r in ordered if not r.ok]
         if bad:
@@ -109,7 +111,7 @@ def _text_runner(pair, task, items, dtype, policy):
 
 def evaluate(task: str, pair_name: str, set_name: str, limit: int | None = None, repeats: int = 3,
              dtype: str | None = None, models: str | None = None, items: list[dict] | None = None,
-             policy=None) -> dict:
+             policy=None, temperature: tuple[float, ...] | None = None) -> dict:
     """Run one evaluation and return the report (see SCHEMA). ``policy``: the engine's PolicyOptions
     (default: its own default)."""
     from .engine import PolicyOptions
@@ -126,7 +128,7 @@ def evaluate(task: str, pair_name: str, set_name: str, limit: int | None = None,
     items = items[:limit] if limit else items
     dtype = dtype or pair.dtype
     policy = policy or PolicyOptions()
-    run, score = (_asr_runner(pair, items, dtype, policy) if task == "asr"
+    run, score = (_asr_runner(pair, items, dtype, policy, temperature) if task == "asr"
                   else _text_runner(pair, task, items, dtype, policy))
 
     run(False), run(True)  # warm-up: caches, lazy imports, first-call allocations

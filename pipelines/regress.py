@@ -16,6 +16,7 @@ A config (YAML) names the evaluations to run and the thresholds:
     runs:
       - {task: asr, pair: whisper-base, set: speech-real, limit: 12, dtype: float32}
       - {task: asr, pair: whisper-base, set: speech-real, policy: {name: constant, lookahead: 3}}
+      - {task: asr, pair: whisper-base, set: speech-long, temperature: [0]}   # no fallback
 
 Every run is appended to the history (``regress_history``: SQLite, one row per run, one per evaluation with
 its full tandem-eval/1 report). A run with no regression is accepted and becomes the next baseline;
@@ -61,7 +62,7 @@ DEFAULT_THRESHOLDS = {
 }
 FRACTIONS = {"identical_min": (0.0, 1.0), "speedup_drop": (0.0, 0.99), "tokens_per_call_drop": (0.0, 0.99),
              "noise_factor": (0.0, 100.0)}
-RUN_KEYS = {"task", "pair", "set", "limit", "dtype", "policy", "repeats"}
+RUN_KEYS = {"task", "pair", "set", "limit", "dtype", "policy", "repeats", "temperature"}
 TOP_KEYS = {"models", "out", "repeats", "baseline", "thresholds", "runs"}
 SET_TASKS = {"speech": "asr", "translate": "translate", "summarize": "summarize"}  # set name prefix -> task
 
@@ -83,6 +84,7 @@ class EvalSpec:
     dtype: str | None = None
     policy: tuple[tuple[str, object], ...] = ()  # PolicyOptions fields
     repeats: int | None = None
+    temperature: tuple[float, ...] | None = None  # asr: Whisper's temperature fallback (None: the default)
 
     @property
     def key(self) -> str:
@@ -217,9 +219,15 @@ def load_config(path: str | Path) -> Config:
             raise _fail(path, f"{where}.task", f"{r['task']!r} is not asr, translate or summarize")
         if r.get("dtype") is not None and r["dtype"] not in DTYPES:
             raise _fail(path, f"{where}.dtype", f"{r['dtype']!r} is not one of {', '.join(DTYPES)}")
+        temps = r.get("temperature")
+        if temps is not None:
+            temps = temps if isinstance(temps, list) else [temps]
+            if r["task"] != "asr" or not temps or not all(_is_number(t) and 0 <= t <= 2 for t in temps) or temps != sorted(temps):
+                raise _fail(path, f"{where}.temperature", "asr only: increasing numbers from 0 to 2 (Whisper's fallback)")
         runs.append(EvalSpec(r["task"], str(r["pair"]), str(r["set"]), _positive_int(path, f"{where}.limit", r.get("limit")),
                              r.get("dtype"), _policy(path, f"{where}.policy", r.get("policy")),
-                             _positive_int(path, f"{where}.repeats", r.get("repeats"))))
+                             _positive_int(path, f"{where}.repeats", r.get("repeats")),
+                             None if temps is None else tuple(float(t) for t in temps)))
     keys = [spec.key for spec in runs]
     if len(set(keys)) < len(keys):
         dup = next(k for k in keys if keys.count(k) > 1)
@@ -340,7 +348,8 @@ def regress(config: Config, pin: int | None = None, log=print) -> tuple[int, lis
         log(f"evaluating {spec.key}")
         try:
             results[spec.key] = evaluate(spec.task, spec.pair, spec.set, limit=spec.limit, repeats=spec.repeats or config.repeats,
-                                         dtype=spec.dtype, models=config.models, policy=PolicyOptions(**dict(spec.policy)))
+                                         dtype=spec.dtype, models=config.models, policy=PolicyOptions(**dict(spec.policy)),
+                                         temperature=spec.temperature)
         except (ModelUnavailableError, DataBuildError) as exc:
             raise RegressRunError(f"{spec.key.replace('|', ' ')}: {exc}") from None
     machines = {key: machine_of(r) for key, r in results.items()}
