@@ -47,6 +47,16 @@ def default_width(dtype: torch.dtype) -> int:
     return WIDTHS.get(dtype, 4)
 
 
+def _adopt_whisper(decoder: Decoder, model) -> None:
+    """What both Whisper adapters read from the model: its decoder stack (WhisperForConditionalGeneration or
+    WhisperForCausalLM), its position limit, and a distilled assistant's reduced head (``draft_vocab``)."""
+    decoder.max_positions = decoder.config.max_target_positions
+    decoder.decoder = model.model.decoder if hasattr(model.model, "decoder") else model.model
+    vocab = getattr(decoder.config, "draft_vocab", None)
+    if vocab:
+        decoder.vocab_ids = tuple(sorted(vocab))
+
+
 class FixedCache:
     """The main Whisper decoder's keys and values, (B, heads, capacity, head_dim) per layer, slot = true
     position; the cross-attention keys and values, computed once from the encoder output; and per row the
@@ -91,14 +101,11 @@ class WhisperDecoder(Decoder):
 
     def __init__(self, model, width: int | None = None) -> None:
         super().__init__(model)
-        self.max_positions = self.config.max_target_positions
-        self.decoder = model.model.decoder if hasattr(model.model, "decoder") else model.model
+        _adopt_whisper(self, model)
         self.heads = self.config.decoder_attention_heads
         self.width = width or default_width(self.dtype)
-        vocab = getattr(self.config, "draft_vocab", None)  # a distilled assistant's reduced head
         weight = model.proj_out.weight
-        if vocab:
-            self.vocab_ids = tuple(sorted(vocab))
+        if self.vocab_ids is not None:
             weight = weight.index_select(0, torch.tensor(self.vocab_ids, dtype=torch.long, device=weight.device))
         self.head_weight = weight.detach().contiguous()
 
@@ -238,11 +245,8 @@ class WhisperDraftDecoder(Decoder):
 
     def __init__(self, model, int8: bool = False) -> None:
         super().__init__(model)
-        self.max_positions = self.config.max_target_positions
-        self.decoder = dec = model.model.decoder if hasattr(model.model, "decoder") else model.model
-        vocab = getattr(self.config, "draft_vocab", None)  # a distilled assistant's reduced head
-        if vocab:
-            self.vocab_ids = tuple(sorted(vocab))
+        _adopt_whisper(self, model)
+        dec = self.decoder
         self.int8 = int8 and int8_available()
         self.dtype = torch.float32  # activations stay float32 (the int8 kernels take float32 inputs)
         self.heads = self.config.decoder_attention_heads
