@@ -70,21 +70,25 @@ def _strip_eot(tokens):
     return tokens[:-1] if tokens and tokens[-1] == EOT else tokens
 
 
+# Six configurations in CI cover each drafter and policy kind; the other seven run with -m slow (nightly).
+SLOW = pytest.mark.slow
+
+
 @pytest.mark.parametrize(
     "drafter, policy, batch",
     [
         ("none", PolicyOptions("constant", 1), 1),
-        ("none", PolicyOptions("constant", 1), 5),
+        pytest.param("none", PolicyOptions("constant", 1), 5, marks=SLOW),
         ("own-decoder", PolicyOptions("constant", 5), 1),
-        ("own-decoder", PolicyOptions("constant", 8), 4),
+        pytest.param("own-decoder", PolicyOptions("constant", 8), 4, marks=SLOW),
         ("own-decoder", PolicyOptions("heuristic", 2), 12),
-        ("truncated-2l", PolicyOptions("constant", 1), 1),
+        pytest.param("truncated-2l", PolicyOptions("constant", 1), 1, marks=SLOW),
         ("truncated-2l", PolicyOptions("confidence", 4, 6, 0.4), 3),
-        ("truncated-2l", PolicyOptions("adaptive", 3), 4),
+        pytest.param("truncated-2l", PolicyOptions("adaptive", 3), 4, marks=SLOW),
         ("distilled", PolicyOptions("constant", 5), 1),
-        ("distilled", PolicyOptions("adaptive"), 6),
-        ("distilled-lean", PolicyOptions("constant", 2), 1),
-        ("distilled-int8", PolicyOptions("constant", 3), 5),
+        pytest.param("distilled", PolicyOptions("adaptive"), 6, marks=SLOW),
+        pytest.param("distilled-lean", PolicyOptions("constant", 2), 1, marks=SLOW),
+        pytest.param("distilled-int8", PolicyOptions("constant", 3), 5, marks=SLOW),
         ("distilled-int8", PolicyOptions("adaptive", 2), 1),
     ],
 )

@@ -60,6 +60,19 @@ def _perturbed_main(folder):
     WhisperFeatureExtractor.from_pretrained(embedded_path("whisper-base")).save_pretrained(folder)
 
 
+def test_a_worse_assistant_fails_against_its_baseline(setup, capsys):
+    """CI's share of the end-to-end check (two runs); the whole sequence below runs with -m slow."""
+    tmp_path, models, config = setup
+    config = dict(config, runs=[dict(config["runs"][0], limit=2)])
+    assert _run(tmp_path, config, capsys)[0] == 0  # first run: the baseline
+    broken = dict(PAIR, assistant={"embedded": "whisper-base-decoder-2l"})  # untrained 2 layers: drafts mostly wrong
+    _write(models, {"pairs": {"nightly": broken}, "defaults": {"asr": "nightly"}})
+    code, err = _run(tmp_path, config, capsys)
+    assert code == 1 and "REGRESSION: asr nightly/speech-real: tokens per main call" in err
+    assert (tmp_path / "report" / "report.md").read_text().count("FAIL") >= 1
+
+
+@pytest.mark.slow
 def test_regressions_are_caught_and_unchanged_runs_pass(setup, capsys):
     tmp_path, models, config = setup
     assert _run(tmp_path, config, capsys)[0] == 0  # first run: the baseline
