@@ -171,7 +171,7 @@ class AssistedDecoder:
         encode_s = time.perf_counter() - t0
         enc_all = enc
 
-        cache = self.main.new_cache(rows)
+        cache = self.main.new_cache(rows, capacity=max(len(p) for p in prompts) + options.max_new_tokens + 1)
         seqs = [list(p) for p in prompts]
         prompt_lens = [len(p) for p in prompts]
         pending = [list(p) for p in prompts]  # tokens the main cache lacks

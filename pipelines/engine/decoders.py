@@ -47,7 +47,8 @@ class Decoder:
     def encode(self, **inputs) -> EncoderOutput:
         raise TypeError(f"{self.model.__class__.__name__} has no encoder")
 
-    def new_cache(self, batch: int) -> RaggedCache:
+    def new_cache(self, batch: int, capacity: int | None = None) -> RaggedCache:
+        """A cache for ``batch`` rows; ``capacity`` (positions a row may reach) matters to static caches only."""
         from transformers import DynamicCache, EncoderDecoderCache
 
         cache = EncoderDecoderCache(DynamicCache(), DynamicCache()) if self.reads_encoder else DynamicCache()
@@ -181,5 +182,7 @@ def as_decoder(model, assistant: bool = False, int8: bool = False) -> Decoder:
     if kind in ("t5", "mt5"):
         return T5Decoder(model)
     if not model.config.is_encoder_decoder:
-        return CausalDecoder(model)
+        from .causal import FixedCausalDecoder, fits
+
+        return FixedCausalDecoder(model) if not assistant and fits(model.config) else CausalDecoder(model)
     raise TypeError(f"no engine adapter for {kind!r} encoder-decoder models (known: whisper, t5, mt5, {', '.join(BART_FAMILY)})")

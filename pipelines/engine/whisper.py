@@ -1,32 +1,10 @@
 """Whisper decoders: the main model's fixed-shape decoder (assisted output equal to plain by construction)
 and the assistant's lean draft decoder.
 
-Why fixed shapes. A matrix product's bits for one row depend on the product's shape: a one-row product
-takes another kernel than a many-row one, kernels pick their blocking from the shape, attention over a
-longer key axis sums in another order. A verify pass over k + 1 tokens would then give a token other logits
-than a one-token step, and assisted output could depart from plain output (below float32 often, in float32
-at rare near-ties), depending on which kernels a machine happens to pick (Intel AMX, AMD AVX-512, cuBLAS).
-
-So ``WhisperDecoder`` computes every token of a request with the same arithmetic, whether it comes alone
-(plain decoding) or in a verify pass:
-    - every pass feeds a tile of ``width`` (W) columns per row, padded (a plain step is a verify pass of
-      one token padded to W; a verify pass over more than W tokens takes several passes);
-    - the batch keeps all its rows until the request ends (finished rows are fed padding), so every
-      product of a request has the same shape, (B * W, D) x (D, N), whatever the lookahead;
-    - keys and values live in a static cache whose slot is the true position (capacity: the model's
-      448 positions): a rejected draft's slot is simply written again later, so there are no holes;
-    - attention scores a query against all slots, sets slots after its position to -inf and takes a
-      float32 softmax over that fixed length: the masked terms are exact zeros in the same places
-      whatever the slots hold, so a query's probabilities and its weighted sum of values have the same
-      bits in every run;
-    - the prompt tokens whose logits nobody reads (all but the last) go through one pass of their own
-      (its shape is the same in the plain and the assisted run of a request: they start alike).
-Each token's logits are then computed by the same kernel calls with the same shapes on the same inputs,
-in any dtype and on any device with deterministic kernels: no probe decides it. What remains assumed is
-that within one product a row's bits do not depend on which row of the tile it occupies (true of every
-GEMM tiling: all rows of a product share one algorithm, blocking and reduction order); the exactness tests
-check the whole property on the real model. The price is the padded columns of a plain step and verify
-passes split at W; ``width`` is chosen per dtype from measured step costs (``default_width``).
+The main decoder is a ``fixed.FixedShapeDecoder``: every token of a request is computed with the same
+kernel calls and shapes, alone or in a verify pass (see ``fixed`` for why and how); here are Whisper's
+layers (self-attention over the static cache, cross-attention over keys and values computed once per
+request) and the verify width per dtype, chosen from measured step costs (``default_width``).
 """
 
 from __future__ import annotations
@@ -35,6 +13,7 @@ import torch
 
 from .cache import LeanCache, RaggedCache
 from .decoders import Decoder, EncoderOutput
+from .fixed import FixedCache, FixedShapeDecoder
 
 # Step cost of Whisper base's decoder (6 layers + the 51,865-token head), 2 threads, by rows per product,
 # measured on a 2-core AMD EPYC (AVX-512 BF16), milliseconds: bfloat16 5.2 (1-2 rows), 5.6 (4), 6.7 (8);
@@ -57,47 +36,11 @@ def _adopt_whisper(decoder: Decoder, model) -> None:
         decoder.vocab_ids = tuple(sorted(vocab))
 
 
-class FixedCache:
-    """The main Whisper decoder's keys and values, (B, heads, capacity, head_dim) per layer, slot = true
-    position; the cross-attention keys and values, computed once from the encoder output; and per row the
-    next true position. Nothing is ever moved or compacted."""
-
-    def __init__(self, layers: int, batch: int, capacity: int, heads: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
-        shape = (batch, heads, capacity, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.cross: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self.next_pos = [0] * batch
-        self.capacity, self.device = capacity, device
-
-    def commit(self, keep: torch.Tensor) -> None:
-        """After a forward call: ``keep`` (B, n) marks the chunk's tokens that were accepted."""
-        self.next_pos = [p + n for p, n in zip(self.next_pos, keep.sum(dim=1).tolist())]
-
-    def rollback(self, row: int, n: int) -> None:
-        """Forget the last ``n`` tokens of ``row`` (their slots are written again by the next tokens)."""
-        self.next_pos[row] -= max(0, n)
-
-    def select(self, rows: torch.Tensor) -> None:
-        """Keep only ``rows`` (an assistant's cache; the main decoder keeps its batch whole)."""
-        self.keys = [k.index_select(0, rows) for k in self.keys]
-        self.values = [v.index_select(0, rows) for v in self.values]
-        if self.cross is not None:
-            self.cross = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.cross]
-        self.next_pos = [self.next_pos[i] for i in rows.tolist()]
-
-    def maybe_compact(self, threshold: float = 0.5) -> None:
-        """Nothing to compact: a static cache has no holes."""
-
-
-class WhisperDecoder(Decoder):
+class WhisperDecoder(FixedShapeDecoder):
     """WhisperForConditionalGeneration (the main model) or WhisperForCausalLM, run with fixed shapes (see
     the module docstring) through the model's own modules and weights, in transformers' layer order (pre-norm
     layers, q scaled after its projection). ``forward`` takes ``need_from``: per row, the first chunk token
     whose logits the caller reads (tokens before it go through the prompt pass, without the head)."""
-
-    fixed_batch = True  # the engine keeps finished rows in the batch (shapes stay fixed for the request)
 
     def __init__(self, model, width: int | None = None) -> None:
         super().__init__(model)
@@ -117,65 +60,15 @@ class WhisperDecoder(Decoder):
         hidden = self.model.model.encoder(input_features.to(device=self.device, dtype=self.dtype)).last_hidden_state
         return EncoderOutput(hidden, None)
 
-    def new_cache(self, batch: int) -> FixedCache:
+    def new_cache(self, batch: int, capacity: int | None = None) -> FixedCache:
+        """Always the model's 448 positions (the shape every request of this model shares)."""
         d = self.config.d_model
         return FixedCache(len(self.decoder.layers), batch, self.max_positions, self.heads, d // self.heads, self.dtype,
                           self.device)
 
-    def forward(self, chunks: list[list[int]], cache: FixedCache, enc: EncoderOutput | None, pad_id: int,
-                need_from: list[int] | None = None):
-        """Logits (B, n, V) float32 for ``chunks`` (one list of new tokens per row, n the longest), and the
-        real-token flags (B, n). Columns not computed (before ``need_from[b]``, past a row's chunk) are 0."""
-        batch, n = len(chunks), max(1, max(len(c) for c in chunks))
-        real = torch.zeros(batch, n, dtype=torch.bool)
-        for b, c in enumerate(chunks):
-            real[b, : len(c)] = True
-        need = [min(max(0, f), len(c)) for f, c in zip(need_from or [0] * batch, chunks)]
+    def _begin(self, cache: FixedCache, enc: EncoderOutput | None) -> None:
         if cache.cross is None:
             cache.cross = [self._cross(layer, enc.hidden) for layer in self.decoder.layers]
-        self._prefill(chunks, need, cache, pad_id)
-        logits = torch.zeros(batch, n, self.head_weight.shape[0])
-        for ids, positions, where in self._blocks(chunks, need, cache.next_pos, pad_id):
-            hidden = self._layers(ids, positions, where, cache)
-            out = self._head(hidden).float().view(batch, self.width, -1).cpu()
-            for b, col, j in where:
-                logits[b, j] = out[b, col]
-        return logits, real
-
-    def _prefill(self, chunks: list[list[int]], need: list[int], cache: FixedCache, pad_id: int) -> None:
-        """Tokens before ``need[b]`` (a prompt but its last token) in one pass of width max(need), no head."""
-        width = max(need)
-        if not width:
-            return
-        ids = torch.full((len(chunks), width), pad_id, dtype=torch.long)
-        positions = torch.zeros(len(chunks), width, dtype=torch.long)
-        where = []
-        for b, (c, m) in enumerate(zip(chunks, need)):
-            start = cache.next_pos[b]
-            positions[b] = torch.arange(start, start + width).clamp(max=self.max_positions - 1)
-            ids[b, :m] = torch.tensor(c[:m], dtype=torch.long)
-            where += [(b, j, j) for j in range(m)]
-        self._layers(ids, positions, where, cache)
-
-    def _blocks(self, chunks: list[list[int]], need: list[int], next_pos: list[int], pad_id: int):
-        """The W-wide passes over the tokens from ``need[b]`` on: pass i holds chunk tokens need + i W ...
-        need + (i + 1) W - 1 of every row from column 0, padding after. Yields (ids (B, W), positions (B, W),
-        where = [(row, column, chunk index)] of the real tokens)."""
-        w = self.width
-        passes = max(-(-(len(c) - m) // w) for c, m in zip(chunks, need))
-        for i in range(passes):
-            ids = torch.full((len(chunks), w), pad_id, dtype=torch.long)
-            positions = torch.arange(w).repeat(len(chunks), 1)
-            where = []
-            for b, (c, start) in enumerate(zip(chunks, next_pos)):
-                first = need[b] + i * w  # chunk index of column 0
-                if first >= len(c):
-                    continue
-                positions[b] = torch.arange(start + first, start + first + w).clamp(max=self.max_positions - 1)
-                for col in range(min(w, len(c) - first)):
-                    ids[b, col] = c[first + col]
-                    where.append((b, col, first + col))
-            yield ids, positions, where
 
     def _cross(self, layer, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         a = layer.encoder_attn
@@ -192,9 +85,7 @@ class WhisperDecoder(Decoder):
         dec, device = self.decoder, self.device
         ids, positions = ids.to(device), positions.to(device)
         batch, w = ids.shape
-        rows = torch.tensor([b for b, _, _ in where], dtype=torch.long, device=device)
-        cols = torch.tensor([c for _, c, _ in where], dtype=torch.long, device=device)
-        slots = positions[rows, cols]
+        rows, cols, slots = self.slots_of(positions, where)
         # allowed[b, 0, c, s] = s <= position of column c: a query sees the slots up to its own position
         allowed = (torch.arange(cache.capacity, device=device)[None, None, :] <= positions[:, :, None])[:, None]
         x = dec.embed_tokens(ids) + dec.embed_positions.weight[positions]
@@ -205,31 +96,11 @@ class WhisperDecoder(Decoder):
             k, v = self._split(a.k_proj(h)), self._split(a.v_proj(h))
             keys[rows, :, slots] = k[rows, :, cols]
             values[rows, :, slots] = v[rows, :, cols]
-            x = x + a.out_proj(self._attend(q, keys, values, allowed))
+            x = x + a.out_proj(self.merge_heads(self.attend(q, keys, values, allowed)))
             q = self._split(c.q_proj(layer.encoder_attn_layer_norm(x)) * c.scaling)
-            x = x + c.out_proj(self._attend(q, cross_k, cross_v, None))
+            x = x + c.out_proj(self.merge_heads(self.attend(q, cross_k, cross_v, None)))
             x = x + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(x))))
         return dec.layer_norm(x)
-
-    @staticmethod
-    def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
-        """softmax(q k^T) v per head over every slot (q already scaled), slots not ``allowed`` at -inf, the
-        softmax in float32: (B, H, w, Dh) -> (B, w, D)."""
-        scores = torch.matmul(q, k.transpose(-1, -2)).float()
-        if allowed is not None:
-            scores = scores.masked_fill(~allowed, float("-inf"))
-        out = torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
-        batch, heads, w, dim = out.shape
-        return out.transpose(1, 2).reshape(batch, w, heads * dim)
-
-    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits (B * w, V) = h W^T over the head's rows (a draft vocabulary K: column c is token K[c]; the
-        main model always scores the whole vocabulary). In float32 computed as (W h^T)^T, which this CPU's
-        BLAS runs 2-4 times faster at 2-8 rows than h W^T; either way each row's bits depend only on it."""
-        h = hidden.reshape(-1, hidden.shape[-1])
-        if h.dtype == torch.float32:
-            return torch.mm(self.head_weight, h.t()).t()
-        return torch.nn.functional.linear(h, self.head_weight)
 
 
 class WhisperDraftDecoder(Decoder):
@@ -273,7 +144,7 @@ class WhisperDraftDecoder(Decoder):
     def reads_encoder(self) -> bool:
         return True
 
-    def new_cache(self, batch: int) -> RaggedCache:
+    def new_cache(self, batch: int, capacity: int | None = None) -> RaggedCache:
         return RaggedCache(LeanCache(len(self.layers)), batch, self.device)
 
     def forward(self, chunks: list[list[int]], cache: RaggedCache, enc: EncoderOutput | None, pad_id: int,

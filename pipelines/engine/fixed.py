@@ -1,0 +1,163 @@
+"""Fixed-shape main decoders: assisted output equal to plain output by construction.
+
+Why fixed shapes. A matrix product's bits for one row depend on the product's shape: a one-row product
+takes another kernel than a many-row one, kernels pick their blocking from the shape, attention over a
+longer key axis sums in another order. A verify pass over k + 1 tokens would then give a token other logits
+than a one-token step, and assisted output could depart from plain output (below float32 often, in float32
+at rare near-ties), depending on which kernels a machine happens to pick (Intel AMX, AMD AVX-512, cuBLAS).
+
+So a ``FixedShapeDecoder`` computes every token of a request with the same arithmetic, whether it comes
+alone (plain decoding) or in a verify pass:
+    - every pass feeds a tile of ``width`` (W) columns per row, padded (a plain step is a verify pass of
+      one token padded to W; a verify pass over more than W tokens takes several passes);
+    - the batch keeps all its rows until the request ends (finished rows are fed padding), so every
+      product of a request has the same shape, (B * W, D) x (D, N), whatever the lookahead;
+    - keys and values live in a static cache (``FixedCache``) whose slot is the true position, with a
+      capacity fixed for the request: a rejected draft's slot is simply written again later, so there
+      are no holes;
+    - attention scores a query against all slots, sets slots after its position to -inf and takes a
+      float32 softmax over that fixed length: the masked terms are exact zeros in the same places
+      whatever the slots hold, so a query's probabilities and its weighted sum of values have the same
+      bits in every run;
+    - position-dependent values (rotary angles) are read from a table, never computed per pass;
+    - the prompt tokens whose logits nobody reads (all but the last) go through one pass of their own
+      (its shape is the same in the plain and the assisted run of a request: they start alike).
+Each token's logits are then computed by the same kernel calls with the same shapes on the same inputs,
+in any dtype and on any device with deterministic kernels: no probe decides it. What remains assumed is
+that within one product a row's bits do not depend on which row of the tile it occupies (true of every
+GEMM tiling: all rows of a product share one algorithm, blocking and reduction order); the exactness tests
+check the whole property on real models. The price is the padded columns of a plain step and verify
+passes split at W. Subclasses (``whisper.WhisperDecoder``, ``causal.FixedCausalDecoder``) give the layers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .cache import EncoderOutput
+from .decoders import Decoder
+
+Tile = tuple[torch.Tensor, torch.Tensor, list[tuple[int, int, int]]]  # ids (B, w), positions (B, w), where
+
+
+class FixedCache:
+    """A fixed-shape decoder's keys and values, (B, heads, capacity, head_dim) per layer, slot = true
+    position; optional cross-attention keys and values (computed once from the encoder output); and per row
+    the next true position. Nothing is ever moved or compacted."""
+
+    def __init__(self, layers: int, batch: int, capacity: int, heads: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        shape = (batch, heads, capacity, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.cross: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.next_pos = [0] * batch
+        self.capacity, self.device = capacity, device
+
+    def commit(self, keep: torch.Tensor) -> None:
+        """After a forward call: ``keep`` (B, n) marks the chunk's tokens that were accepted."""
+        self.next_pos = [p + n for p, n in zip(self.next_pos, keep.sum(dim=1).tolist())]
+
+    def rollback(self, row: int, n: int) -> None:
+        """Forget the last ``n`` tokens of ``row`` (their slots are written again by the next tokens)."""
+        self.next_pos[row] -= max(0, n)
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only ``rows`` (an assistant's cache; a fixed-shape main decoder keeps its batch whole)."""
+        self.keys = [k.index_select(0, rows) for k in self.keys]
+        self.values = [v.index_select(0, rows) for v in self.values]
+        if self.cross is not None:
+            self.cross = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.cross]
+        self.next_pos = [self.next_pos[i] for i in rows.tolist()]
+
+    def maybe_compact(self, threshold: float = 0.5) -> None:
+        """Nothing to compact: a static cache has no holes."""
+
+
+class FixedShapeDecoder(Decoder):
+    """The tiling shared by fixed-shape main decoders. A subclass sets ``width``, ``head_weight`` (V, D) and
+    ``max_positions``, and implements ``new_cache`` and ``_layers`` (one tile through the decoder layers,
+    writing the real tokens' keys and values to their slots first); ``_begin`` may prepare the cache."""
+
+    fixed_batch = True  # the engine keeps finished rows in the batch (shapes stay fixed for the request)
+    width: int
+    head_weight: torch.Tensor
+
+    def forward(self, chunks: list[list[int]], cache: FixedCache, enc: EncoderOutput | None, pad_id: int,
+                need_from: list[int] | None = None):
+        """Logits (B, n, V) float32 for ``chunks`` (one list of new tokens per row, n the longest), and the
+        real-token flags (B, n). ``need_from[b]``: the first chunk token whose logits the caller reads;
+        tokens before it go through the prompt pass, without the head. Columns not computed are 0."""
+        batch, n = len(chunks), max(1, max(len(c) for c in chunks))
+        real = torch.zeros(batch, n, dtype=torch.bool)
+        for b, c in enumerate(chunks):
+            real[b, : len(c)] = True
+        need = [min(max(0, f), len(c)) for f, c in zip(need_from or [0] * batch, chunks)]
+        self._begin(cache, enc)
+        if max(need):  # the prompt pass: tokens 0 .. need[b] - 1 of every row, width max(need)
+            self._layers(*self._tile(chunks, [0] * batch, need, max(need), cache.next_pos, pad_id), cache)
+        logits = torch.zeros(batch, n, self.head_weight.shape[0])
+        passes = max(-(-(len(c) - m) // self.width) for c, m in zip(chunks, need))
+        for i in range(passes):  # pass i: tokens need + i W ... need + (i + 1) W - 1 of every row
+            first = [m + i * self.width for m in need]
+            count = [max(0, min(self.width, len(c) - f)) for c, f in zip(chunks, first)]
+            ids, positions, where = self._tile(chunks, first, count, self.width, cache.next_pos, pad_id)
+            out = self._head(self._layers(ids, positions, where, cache)).float().view(batch, self.width, -1).cpu()
+            for b, col, j in where:
+                logits[b, j] = out[b, col]
+        return logits, real
+
+    def _tile(self, chunks: list[list[int]], first: list[int], count: list[int], width: int, next_pos: list[int],
+              pad_id: int) -> Tile:
+        """One pass of ``width`` columns: row b holds its chunk tokens first[b] ... first[b] + count[b] - 1 from
+        column 0 at their true positions, padding after. ``where`` lists (row, column, chunk index) of the
+        real tokens (only they write keys and values)."""
+        ids = torch.full((len(chunks), width), pad_id, dtype=torch.long)
+        positions = torch.arange(width).repeat(len(chunks), 1)
+        where = []
+        for b, (c, f, m, start) in enumerate(zip(chunks, first, count, next_pos)):
+            if m <= 0:
+                continue
+            positions[b] = torch.arange(start + f, start + f + width).clamp(max=self.max_positions - 1)
+            ids[b, :m] = torch.tensor(c[f : f + m], dtype=torch.long)
+            where += [(b, col, f + col) for col in range(m)]
+        return ids, positions, where
+
+    def _begin(self, cache: FixedCache, enc: EncoderOutput | None) -> None:
+        """Per-request preparation before the first pass (e.g. cross-attention keys and values)."""
+
+    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, where: list[tuple[int, int, int]],
+                cache: FixedCache) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @staticmethod
+    def slots_of(positions: torch.Tensor, where: list[tuple[int, int, int]]):
+        """(rows, cols, slots) index tensors of the real tokens of a tile: their cache slot is their position."""
+        device = positions.device
+        rows = torch.tensor([b for b, _, _ in where], dtype=torch.long, device=device)
+        cols = torch.tensor([c for _, c, _ in where], dtype=torch.long, device=device)
+        return rows, cols, positions[rows, cols]
+
+    @staticmethod
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+        """softmax(q k^T) v per head over every slot (q already scaled), slots not ``allowed`` at -inf, the
+        softmax in float32: q (B, H, w, Dh), k and v (B, H, S, Dh) -> (B, H, w, Dh)."""
+        scores = torch.matmul(q, k.transpose(-1, -2)).float()
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        return torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
+
+    @staticmethod
+    def merge_heads(t: torch.Tensor) -> torch.Tensor:
+        """(B, H, w, Dh) -> (B, w, H * Dh)."""
+        batch, heads, w, dim = t.shape
+        return t.transpose(1, 2).reshape(batch, w, heads * dim)
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits (B * w, V) = h W^T (the main model always scores the whole vocabulary). In float32 computed
+        as (W h^T)^T, which this CPU's BLAS runs 2-4 times faster at 2-8 rows than h W^T; either way each
+        row's bits depend only on it."""
+        h = hidden.reshape(-1, hidden.shape[-1])
+        if h.dtype == torch.float32:
+            return torch.mm(self.head_weight, h.t()).t()
+        return torch.nn.functional.linear(h, self.head_weight)
