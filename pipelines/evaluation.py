@@ -76,12 +76,8 @@ def _asr_runner(pair, items, dtype, policy, temperature=None):
     return run, score
 
 
-# translate-udhr's ISO 639-3 codes -> the FLORES-200 tokens NLLB uses
-NLLB_CODES = {"eng": "eng_Latn", "deu": "deu_Latn", "fra": "fra_Latn", "spa": "spa_Latn", "ita": "ita_Latn",
-              "por": "por_Latn", "rus": "rus_Cyrl", "nld": "nld_Latn"}
-
-
 def _text_runner(pair, task, items, dtype, policy):
+    from .languages import code_in
     from .metrics import bleu, chrf, rouge
     from .text import TextOptions, TextRunner
 
@@ -93,8 +89,9 @@ def _text_runner(pair, task, items, dtype, policy):
         for item in items:
             src = tgt = None
             if task == "translate" and pair.languages:
-                src = NLLB_CODES.get(item.get("source_lang"), item.get("source_lang"))
-                tgt = NLLB_CODES.get(item.get("target_lang"), item.get("target_lang"))
+                # translate-udhr's ISO 639-3 codes as the pair writes them (deu_Latn for NLLB, de for a chat pair)
+                src = code_in(item.get("source_lang"), pair.languages)
+                tgt = code_in(item.get("target_lang"), pair.languages)
             options = TextOptions(use_assistant=assisted, src=src, tgt=tgt, policy=policy)
             outs.append(runner.translate(item["input"], options) if task == "translate" else runner.summarize(item["input"], options))
         stats = (sum(r.tokens for r in outs), sum(r.main_calls for r in outs),
@@ -107,6 +104,20 @@ def _text_runner(pair, task, items, dtype, policy):
         return {k: v.to_dict() for k, v in rouge(texts, refs).items()}
 
     return run, score
+
+
+def take(items: list[dict], limit: int | None, languages: tuple[str, ...] | None = None) -> list[dict]:
+    """The first ``limit`` items (all when None). In a set of several target languages the items are taken in
+    turn from each language (only ``languages`` when given), so a limit samples every language."""
+    if languages:
+        items = [i for i in items if i.get("target_lang") in languages]
+    groups: dict[str, list[dict]] = {}
+    for item in items:
+        groups.setdefault(item.get("target_lang", ""), []).append(item)
+    if len(groups) < 2:
+        return items[:limit] if limit else items
+    turns = [g[i] for i in range(max(map(len, groups.values()))) for g in groups.values() if i < len(g)]
+    return turns[:limit] if limit else turns
 
 
 def evaluate(task: str, pair_name: str, set_name: str, limit: int | None = None, repeats: int = 3,
@@ -125,7 +136,7 @@ def evaluate(task: str, pair_name: str, set_name: str, limit: int | None = None,
     if items is None:
         build_set(set_name)
         items = read_manifest(set_name)
-    items = items[:limit] if limit else items
+    items = take(items, limit)
     dtype = dtype or pair.dtype
     policy = policy or PolicyOptions()
     run, score = (_asr_runner(pair, items, dtype, policy, temperature) if task == "asr"

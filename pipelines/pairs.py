@@ -6,7 +6,7 @@ per-request state lives inside each ``generate`` call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .engine import AssistedDecoder, Decoder, as_decoder, model_drafter, prompt_lookup
 from .loading import load_model, load_tokenizer
@@ -35,22 +35,31 @@ def pad_id_of(model) -> int:
     return 0
 
 
+def engine_for(loaded: LoadedPair, draft: str) -> AssistedDecoder:
+    """An engine over ``loaded``'s main model that drafts as ``draft`` says (none | model | prompt-lookup |
+    model+prompt-lookup); the model kinds need the pair's assistant. Benchmarks use it to compare drafters."""
+    pair, pad = loaded.pair, pad_id_of(loaded.main_model)
+    make = None
+    if draft.startswith("model"):
+        if loaded.assistant_model is None:
+            raise ValueError(f"pair {pair.name!r} has no assistant to draft with")
+        lookup = pair.prompt_lookup_ngram if draft == "model+prompt-lookup" else None
+        make = model_drafter(as_decoder(loaded.assistant_model, assistant=True, int8=pair.assistant_int8),
+                             pair.share_encoder, pad, lookup)
+    elif draft == "prompt-lookup":
+        make = prompt_lookup(pair.prompt_lookup_ngram)
+    return AssistedDecoder(loaded.main, make, pad)
+
+
 def load_pair(pair: Pair, dtype: str | None = None) -> LoadedPair:
     """Load the pair's main model (and assistant) in ``dtype`` (default: the pair's) and build its engines."""
     dtype = dtype or pair.dtype
     main_model = load_model(pair.main, dtype)
     main = as_decoder(main_model)
     pad = pad_id_of(main_model)
-    assistant_model = None
-    make = None
-    if pair.draft.startswith("model"):
-        assistant_model = load_model(pair.assistant, dtype)
-        lookup = pair.prompt_lookup_ngram if pair.draft == "model+prompt-lookup" else None
-        make = model_drafter(as_decoder(assistant_model, assistant=True, int8=pair.assistant_int8),
-                             pair.share_encoder, pad, lookup)
-    elif pair.draft == "prompt-lookup":
-        make = prompt_lookup(pair.prompt_lookup_ngram)
-    return LoadedPair(
+    assistant_model = load_model(pair.assistant, dtype) if pair.draft.startswith("model") else None
+    loaded = LoadedPair(
         pair=pair, dtype=dtype, main_model=main_model, main=main, tokenizer=load_tokenizer(pair.main),
-        assistant_model=assistant_model, engine=AssistedDecoder(main, make, pad), plain=AssistedDecoder(main, None, pad),
+        assistant_model=assistant_model, engine=AssistedDecoder(main, None, pad), plain=AssistedDecoder(main, None, pad),
     )
+    return replace(loaded, engine=engine_for(loaded, pair.draft))

@@ -6,9 +6,13 @@ preprocess   translation: split into paragraphs and sentences, each one a batch 
 decode       Tandem's engine, several rows per batch, drafting as the pair says (assistant, prompt lookup)
 postprocess  detokenise and rejoin in the input's layout
 
+Encoder-decoder pairs (BART, T5, NLLB) read the source through the encoder; decoder-only chat pairs (the
+embedded Qwen2.5-Coder 1.5B + 0.5B) read it inside a chat-template prompt that asks for the summary or the
+translation, one prompt per row.
+
 Greedy decoding throughout (lossless against the main model's own greedy output). Language codes for
-translation are the tokens of the pair's tokenizer (e.g. ``fra_Latn`` for NLLB) and must be among the
-pair's ``languages``.
+translation must be among the pair's ``languages``: the tokens of its tokenizer for NLLB (``fra_Latn``),
+ISO 639-1 codes for a chat pair (``fr``, named in the prompt as "French").
 """
 
 from __future__ import annotations
@@ -18,11 +22,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from .engine import DecodeOptions, PolicyOptions, rules_from_generation_config
-from .pairs import load_pair
+from .languages import language_name
+from .pairs import LoadedPair, load_pair
 from .registry import Pair
 
 _SENTENCE = re.compile(r"(?<=[.!?。！？])\s+")
 MAX_INPUT_CHARS = 200_000  # a larger input is refused with a clear message
+CHAT_INPUT_LIMIT = 2048  # tokens of source text a chat model reads in one prompt (longer inputs are chunked)
+SUMMARIZE_INSTRUCTION = "Summarize the following text in a few sentences. Reply with the summary only."
+TRANSLATE_INSTRUCTION = "Translate the following {src} text into {tgt}. Reply with the translation only."
 
 
 class TextInputError(ValueError):
@@ -66,19 +74,24 @@ def split_sentences(text: str) -> list[list[str]]:
 class TextRunner:
     """One pair loaded for translation or summarization; shared, never mutated per request."""
 
-    def __init__(self, pair: Pair, dtype: str | None = None) -> None:
+    def __init__(self, pair: Pair, dtype: str | None = None, loaded: LoadedPair | None = None) -> None:
+        """Load ``pair`` in ``dtype`` (default: the pair's), or run an already ``loaded`` one (e.g. with
+        another engine: ``pairs.engine_for``)."""
         if pair.task not in ("translate", "summarize"):
             raise TextInputError(f"pair {pair.name!r} is a {pair.task} pair")
         self.pair = pair
-        self.loaded = load_pair(pair, dtype)
+        self.loaded = loaded or load_pair(pair, dtype)
         self.tok = self.loaded.tokenizer
         self.model = self.loaded.main_model
         self.gen = self.model.generation_config
+        self.chat = not self.model.config.is_encoder_decoder  # a decoder-only model prompted with its chat template
         self.input_limit = min(getattr(self.model.config, "max_position_embeddings", 1024) or 1024,
-                               getattr(self.tok, "model_max_length", 10**9) or 10**9)
+                               getattr(self.tok, "model_max_length", 10**9) or 10**9,
+                               CHAT_INPUT_LIMIT if self.chat else 10**9)
 
     # -- preprocess
-    def _lang_id(self, code: str | None, which: str) -> int | None:
+    def _language(self, code: str | None, which: str) -> str | None:
+        """``code`` checked against the pair's languages (None for a one-direction pair)."""
         if not self.pair.languages:
             if code:
                 raise TextInputError(f"pair {self.pair.name!r} translates one direction only; drop --{which}")
@@ -87,6 +100,12 @@ class TextRunner:
             raise TextInputError(f"pair {self.pair.name!r} needs --{which} (one of {', '.join(self.pair.languages)})")
         if code not in self.pair.languages:
             raise TextInputError(f"--{which} {code!r} is not one of the pair's languages: {', '.join(self.pair.languages)}")
+        return code
+
+    def _lang_id(self, code: str | None, which: str) -> int | None:
+        code = self._language(code, which)
+        if code is None:
+            return None
         tid = self.tok.convert_tokens_to_ids(code)
         if tid is None or tid == self.tok.unk_token_id:
             raise TextInputError(f"language {code!r} is not a token of the pair's tokenizer")
@@ -99,6 +118,12 @@ class TextRunner:
             ids = [src_id] + self.tok(text, add_special_tokens=False).input_ids + [self.tok.eos_token_id]
         return list(ids)
 
+    def _chat_prompt(self, instruction: str, text: str) -> list[int]:
+        """Token ids of a one-turn chat asking ``instruction`` about ``text``, ending where the reply begins."""
+        messages = [{"role": "user", "content": f"{instruction}\n\n{text}"}]
+        ids = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
     def _prompt(self, tgt_id: int | None) -> list[int]:
         start = self.gen.decoder_start_token_id
         if start is None:
@@ -106,25 +131,30 @@ class TextRunner:
         return [int(start)] + ([tgt_id] if tgt_id is not None else [])
 
     # -- decode
-    def _decode(self, sources: list[list[int]], prompt: list[int], options: TextOptions):
+    def _decode(self, sources: list[list[int]], prompt: list[int] | None, options: TextOptions):
+        """Decode every row: ``sources`` are encoder inputs read after the decoder ``prompt`` (encoder-decoder
+        pairs), or, with ``prompt`` None, the decoder prompts themselves (chat pairs)."""
         import torch
 
         max_new = options.max_new_tokens or (self.gen.max_length if self.gen.max_length and self.gen.max_length != 20 else 256)
-        rules = rules_from_generation_config(self.gen, len(prompt), max_new)
+        rules = rules_from_generation_config(self.gen, len(prompt) if prompt else max(map(len, sources)), max_new)
         engine = self.loaded.engine if options.use_assistant else self.loaded.plain
         pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
         outputs, stats, plain_s, identical = [], [], 0.0, True
         for s in range(0, len(sources), max(1, options.batch_size)):
             batch = sources[s : s + options.batch_size]
-            width = max(len(b) for b in batch)
-            ids = torch.full((len(batch), width), pad, dtype=torch.long)
-            mask = torch.zeros(len(batch), width, dtype=torch.long)
-            for i, b in enumerate(batch):
-                ids[i, : len(b)], mask[i, : len(b)] = torch.tensor(b), 1
-            result = engine.generate([prompt] * len(batch), rules,
+            prompts, encoder_inputs = batch, None
+            if prompt is not None:
+                width = max(len(b) for b in batch)
+                ids = torch.full((len(batch), width), pad, dtype=torch.long)
+                mask = torch.zeros(len(batch), width, dtype=torch.long)
+                for i, b in enumerate(batch):
+                    ids[i, : len(b)], mask[i, : len(b)] = torch.tensor(b), 1
+                prompts, encoder_inputs = [prompt] * len(batch), {"input_ids": ids, "attention_mask": mask}
+            result = engine.generate(prompts, rules,
                                      DecodeOptions(max_new_tokens=max_new, policy=options.policy,
                                                    compare_plain=options.compare and options.use_assistant),
-                                     encoder_inputs={"input_ids": ids, "attention_mask": mask})
+                                     encoder_inputs=encoder_inputs)
             outputs += [list(t) for t in result.tokens]
             stats.append(result.stats)
             if result.identical is not None:
@@ -153,11 +183,14 @@ class TextRunner:
     # -- the tasks
     def translate(self, text: str, options: TextOptions = TextOptions()) -> TextResult:
         self._check(text)
-        src_id, tgt_id = self._lang_id(options.src, "src"), self._lang_id(options.tgt, "tgt")
         paragraphs = split_sentences(text)
         flat = [s for p in paragraphs for s in p]
-        outs, stats, plain_s, identical = self._decode([self._source_ids(s, src_id) for s in flat],
-                                                       self._prompt(tgt_id), options)
+        if self.chat:
+            outs, stats, plain_s, identical = self._decode(self._translation_prompts(flat, options), None, options)
+        else:
+            src_id, tgt_id = self._lang_id(options.src, "src"), self._lang_id(options.tgt, "tgt")
+            outs, stats, plain_s, identical = self._decode([self._source_ids(s, src_id) for s in flat],
+                                                           self._prompt(tgt_id), options)
         it = iter(self._text(o) for o in outs)
         output = "\n\n".join(" ".join(next(it) for _ in p) for p in paragraphs)
         return self._result(text, output, len(flat), outs, stats, plain_s, identical)
@@ -166,6 +199,37 @@ class TextRunner:
         self._check(text)
         if options.src or options.tgt:
             raise TextInputError("summarization takes no --src/--tgt")
+        sources, notes = self._summary_sources(text, options)
+        if self.chat:
+            outs, stats, plain_s, identical = self._decode(self._summary_prompts(sources), None, options)
+        else:
+            outs, stats, plain_s, identical = self._decode(sources, self._prompt(None), options)
+        output = " ".join(self._text(o) for o in outs)
+        return self._result(text, output, len(sources), outs, stats, plain_s, identical, notes)
+
+    def chat_prompts(self, task: str, text: str, options: TextOptions = TextOptions()) -> list[list[int]]:
+        """A chat pair's decoder prompts for ``text``, one per row, exactly as ``translate``/``summarize`` decode
+        them (the preprocessing alone: benchmarks feed the same prompts to other systems)."""
+        self._check(text)
+        if task == "translate":
+            return self._translation_prompts([s for p in split_sentences(text) for s in p], options)
+        return self._summary_prompts(self._summary_sources(text, options)[0])
+
+    def _translation_prompts(self, sentences: list[str], options: TextOptions) -> list[list[int]]:
+        src, tgt = self._language(options.src, "src"), self._language(options.tgt, "tgt")
+        if src is None or tgt is None:
+            raise TextInputError(f"pair {self.pair.name!r} needs languages in models.yaml to translate")
+        ask = TRANSLATE_INSTRUCTION.format(src=language_name(src), tgt=language_name(tgt))
+        return [self._chat_prompt(ask, s) for s in sentences]
+
+    def _summary_prompts(self, sources: list[list[int]]) -> list[list[int]]:
+        """Each source (the text, a chunk, or the truncated text) inside its own chat prompt."""
+        texts = [self.tok.decode(s, skip_special_tokens=True) for s in sources]
+        return [self._chat_prompt(SUMMARIZE_INSTRUCTION, t) for t in texts]
+
+    def _summary_sources(self, text: str, options: TextOptions) -> tuple[list[list[int]], list[str]]:
+        """The encoder inputs to summarise (the whole text, chunks of whole sentences, or the text truncated)
+        and the notes saying which."""
         ids = self._source_ids(text, None)
         notes: list[str] = []
         if len(ids) <= self.input_limit:
@@ -177,9 +241,7 @@ class TextRunner:
             sources = self._chunks(text)
             notes.append(f"input of {len(ids)} tokens is longer than the model's {self.input_limit}: "
                          f"summarised in {len(sources)} chunks of whole sentences, joined in order")
-        outs, stats, plain_s, identical = self._decode(sources, self._prompt(None), options)
-        output = " ".join(self._text(o) for o in outs)
-        return self._result(text, output, len(sources), outs, stats, plain_s, identical, notes)
+        return sources, notes
 
     def _chunks(self, text: str) -> list[list[int]]:
         """Whole sentences packed into inputs that fit the window (a sentence longer than it is cut)."""

