@@ -45,6 +45,10 @@ CHUNK_MAX_SECONDS = 26.0  # and at most this long (speech in Whisper's last ~3 s
 LONG_FORMS = ("sequential", "chunked")
 
 
+class LanguageError(ValueError):
+    """The pair's model cannot take the asked language or task (e.g. German on an English-only model)."""
+
+
 @dataclass(frozen=True)
 class TranscribeOptions:
     language: str | None = "en"  # a language code ("en", "de", ...), or None to detect per file
@@ -339,7 +343,22 @@ class WhisperRunner:
 
     @cached_property
     def multilingual(self) -> bool:
+        """False for an English-only (``.en``) model: no language or task token, language always English."""
         return bool(getattr(self.model.generation_config, "is_multilingual", False))
+
+    def check_language(self, options: TranscribeOptions) -> None:
+        """Raise LanguageError (one sentence) when the model cannot do what ``options`` ask: an English-only
+        model given a language other than English (or None, which it takes as English) or the translate
+        task, a multilingual model given a language it has no token for."""
+        name = self.pair.name
+        if not self.multilingual:
+            if options.language not in (None, "en"):
+                raise LanguageError(f"pair {name!r} is English-only: the language must be en or auto, "
+                                    f"not {options.language!r} (choose a multilingual pair)")
+            if options.task != "transcribe":
+                raise LanguageError(f"pair {name!r} is English-only: it cannot {options.task} (choose a multilingual pair)")
+        elif options.language is not None and f"<|{options.language}|>" not in self.model.generation_config.lang_to_id:
+            raise LanguageError(f"language {options.language!r} is not one pair {name!r} knows")
 
     @cached_property
     def timestamp_begin(self) -> int:
@@ -602,6 +621,7 @@ def transcribe(paths: Iterable[str | Path], pair: Pair, options: TranscribeOptio
     """Transcribe files, ``options.batch_size`` at a time; yields one Transcript per file as it finishes
     (a file that cannot be decoded yields one with ``error`` set, and the run goes on)."""
     runner = runner or WhisperRunner(pair, options.dtype)
+    runner.check_language(options)
     queue = list(find_audio(paths))
     active: list[_Cursor] = []
     while queue or active:

@@ -459,7 +459,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("transcribe", help="transcribe audio or video files, folders (recursive) or globs")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--pair", help="asr pair from the registry (default: the registry's asr default)")
-    p.add_argument("--language", default="en", help="language code, or 'auto' to detect per file (default: en)")
+    p.add_argument("--language", default="en", help="language code, or 'auto' to detect per file (default: en); "
+                   "English-only (.en) pairs take en or auto only")
     p.add_argument("--task", choices=["transcribe", "translate"], default="transcribe")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="compute dtype (default: the pair's)")
     p.add_argument("--refs", metavar="MANIFEST", help="a manifest.jsonl with reference texts: prints WER")
@@ -574,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_libraries()
     args = build_parser().parse_args(argv)
     _set_threads(args.threads)
+    from .asr import LanguageError
     from .audio import AudioDecodeError
     from .distill import DistillError
     from .regress import RegressConfigError, RegressRunError
@@ -584,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (RegistryError, ModelUnavailableError, DataBuildError, AudioDecodeError, DistillError, RegressConfigError,
-            RegressRunError) as exc:
+            RegressRunError, LanguageError) as exc:
         print(f"tandem: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

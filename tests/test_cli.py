@@ -55,6 +55,25 @@ def test_transcribe_goes_on_past_bad_files(tmp_path, speech_real, capsys):
     assert "WER:             0.00% on 1 files" in out
 
 
+def test_english_only_pair_takes_english_or_auto_and_refuses_another_language(tmp_path, speech_real, capsys):
+    import json
+
+    good = next(i for i in speech_real if i["id"] == "goforward")["audio_path"]
+    assert main(["transcribe", "--pair", "whisper-tiny.en", str(good)]) == 0
+    assert "Go forward 10 meters" in capsys.readouterr().out
+    out = tmp_path / "out"
+    assert main(["transcribe", "--pair", "whisper-tiny.en", "--language", "auto", str(good), "--out", str(out),
+                 "--formats", "json"]) == 0
+    record = json.loads((out / "goforward.json").read_text())
+    assert record["language"] == "en" and "Go forward" in record["text"]  # no detection: English-only
+    capsys.readouterr()
+    assert main(["transcribe", "--pair", "whisper-tiny.en", "--language", "de", str(good)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("tandem: pair 'whisper-tiny.en' is English-only: the language must be en or auto, not 'de' "
+                       "(choose a multilingual pair)")
+    assert "Traceback" not in "".join(err)
+
+
 def test_absolute_glob_patterns(tmp_path, speech_real):
     from pipelines.asr import find_audio
 
