@@ -407,15 +407,39 @@ def ui_command(port: int) -> list[str]:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    import subprocess
-
     from .paths import PROJECT_ROOT
 
     env = dict(os.environ)
     if args.models:
         env["TANDEM_MODELS"] = str(Path(args.models).resolve())
     print(f"Tandem UI on http://127.0.0.1:{args.port} (Ctrl-C stops it)")
-    return subprocess.call(ui_command(args.port), cwd=PROJECT_ROOT / "ui", env=env)
+    return serve(ui_command(args.port), cwd=PROJECT_ROOT / "ui", env=env)
+
+
+def serve(command: list[str], cwd: Path, env: dict[str, str]) -> int:
+    """Run a server child until it exits, handing it SIGINT and SIGTERM (``kill PID`` on us stops it too, so
+    it never outlives us holding its port). Returns its exit status (128 + the signal for a signalled exit)."""
+    import signal
+    import subprocess
+
+    child = subprocess.Popen(command, cwd=cwd, env=env)
+
+    def forward(signum, _frame) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while True:
+            try:
+                code = child.wait()
+                break
+            except KeyboardInterrupt:  # a handler replaced by an embedding caller: pass it on and keep waiting
+                forward(signal.SIGINT, None)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 128 - code if code < 0 else code
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

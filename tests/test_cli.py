@@ -91,3 +91,49 @@ def test_console_script_help():
     assert out.returncode == 0
     for command in ("models", "data", "transcribe", "demo"):
         assert command in out.stdout
+
+
+def test_ui_stops_with_its_streamlit_child_on_sigterm(tmp_path):
+    """`kill PID` on `tandem ui` reaches the Streamlit server: both exit and the port is free again."""
+    import os
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "ui", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        for _ in range(120):
+            try:
+                if urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=1).read() == b"ok":
+                    break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            raise AssertionError("tandem ui did not start")
+        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        assert children, "tandem ui runs the server as a child process"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) in (0, 128 + signal.SIGTERM, 143)
+        for pid in map(int, children):
+            for _ in range(40):
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.25)
+            else:
+                raise AssertionError(f"the Streamlit child {pid} outlived tandem ui")
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT left by our requests is fine
+            s.bind(("127.0.0.1", port))  # nobody listens there any more
+            s.listen()
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever of its session is left (the child, when the test fails)
+        except ProcessLookupError:
+            pass
