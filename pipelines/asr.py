@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Iterable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -43,6 +44,10 @@ SILENCE_RMS = 1e-4  # a window quieter than this (root mean square) is silence: 
 CHUNK_MIN_SECONDS = 15.0  # chunked long-form: a chunk cut at a pause is at least this long
 CHUNK_MAX_SECONDS = 26.0  # and at most this long (speech in Whisper's last ~3 s is often left for the next window)
 LONG_FORMS = ("sequential", "chunked")
+
+
+class LanguageError(ValueError):
+    """The pair's model cannot take the asked language or task (e.g. German on an English-only model)."""
 
 
 @dataclass(frozen=True)
@@ -102,10 +107,23 @@ class Transcript:
     retried: int = 0  # windows decoded again at a higher temperature (safeguards)
     skipped: int = 0  # windows skipped as silence (no_speech_threshold)
     dropped: int = 0  # windows dropped: still repetitive or unlikely at the last temperature
+    accepted_hist: dict[int, int] = field(default_factory=dict)  # drafts accepted in a round -> rounds (of the
+    #                                                              batches the file took part in; exact for one file)
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a ``transcribe`` call stands, reported after each decoding step (``transcribe(progress=...)``)."""
+
+    windows: int  # 30 s windows (or chunks) decoded so far, all files
+    files_done: int  # files decoded to the end
+    audio_done: float  # seconds of audio decoded so far: finished files, and the active files up to their cursor
+    audio_known: float  # seconds of audio read so far (a file counts in full once read to its end)
+    elapsed: float  # seconds since the call started
 
 
 class WindowReader:
@@ -168,6 +186,7 @@ class _Cursor:
     retried: int = 0
     skipped: int = 0
     dropped: int = 0
+    hist: Counter = field(default_factory=Counter)  # accepted drafts per round -> rounds
     leftovers: list[tuple[int, np.ndarray]] = field(default_factory=list)  # chunked: (start, samples) to redo
 
 
@@ -339,7 +358,22 @@ class WhisperRunner:
 
     @cached_property
     def multilingual(self) -> bool:
+        """False for an English-only (``.en``) model: no language or task token, language always English."""
         return bool(getattr(self.model.generation_config, "is_multilingual", False))
+
+    def check_language(self, options: TranscribeOptions) -> None:
+        """Raise LanguageError (one sentence) when the model cannot do what ``options`` ask: an English-only
+        model given a language other than English (or None, which it takes as English) or the translate
+        task, a multilingual model given a language it has no token for."""
+        name = self.pair.name
+        if not self.multilingual:
+            if options.language not in (None, "en"):
+                raise LanguageError(f"pair {name!r} is English-only: the language must be en or auto, "
+                                    f"not {options.language!r} (choose a multilingual pair)")
+            if options.task != "transcribe":
+                raise LanguageError(f"pair {name!r} is English-only: it cannot {options.task} (choose a multilingual pair)")
+        elif options.language is not None and f"<|{options.language}|>" not in self.model.generation_config.lang_to_id:
+            raise LanguageError(f"language {options.language!r} is not one pair {name!r} knows")
 
     @cached_property
     def timestamp_begin(self) -> int:
@@ -438,6 +472,7 @@ def _finish(cur: _Cursor, compare: bool) -> Transcript:
         str(cur.path), text, cur.reader.known_length / SAMPLE_RATE, cur.seconds, None, tuple(cur.segments),
         cur.language, cur.tokens, cur.main_calls, cur.drafted, cur.accepted, cur.decode_seconds,
         cur.plain_seconds if compare else None, cur.identical if compare else None, cur.retried, cur.skipped, cur.dropped,
+        dict(sorted(cur.hist.items())),
     )
 
 
@@ -508,9 +543,9 @@ def _gather(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOpt
     return work
 
 
-def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptions) -> None:
+def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptions) -> int:
     """Advance every active cursor: its next window (or chunks) decoded together with the other files',
-    under Whisper's safeguards (``safeguards.decide``)."""
+    under Whisper's safeguards (``safeguards.decide``). Returns how many windows (or chunks) were decoded."""
     work = _gather(runner, active, options)
     eot = runner.model.generation_config.eos_token_id
     for timestamps, items in work.items():
@@ -523,6 +558,8 @@ def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptio
         for rows, result in calls:
             for j, r in enumerate(rows):
                 _account(items[r].cursor, result, j, 1.0 / len(rows))
+            for cur in {id(items[r].cursor): items[r].cursor for r in rows}.values():
+                cur.hist.update(result.stats.accepted_hist)
         for piece, verdict in zip(items, verdicts):
             cur, start, audio = piece.cursor, piece.start, piece.audio
             cur.seconds += encode_s / len(items)
@@ -549,6 +586,7 @@ def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptio
                 _keep_leftover(cur, start, audio, advance, voiced)
     for cur in active:
         cur.done = not cur.leftovers and cur.reader.ended and cur.seek >= cur.reader.known_length
+    return sum(map(len, work.values()))
 
 
 def clamp_segments(segments: list[Segment], audio_end: float) -> list[Segment]:
@@ -597,13 +635,24 @@ def _account(cur: _Cursor, result, row: int, share: float) -> None:
         cur.plain_seconds += result.plain_stats.total_s * share
 
 
+def _audio_done(cur: _Cursor) -> float:
+    """Seconds of the file behind its cursor (chunked mode: less the leftovers still to decode)."""
+    pending = sum(len(audio) for _, audio in cur.leftovers)
+    return max(0, min(cur.seek, cur.reader.known_length) - pending) / SAMPLE_RATE
+
+
 def transcribe(paths: Iterable[str | Path], pair: Pair, options: TranscribeOptions = TranscribeOptions(),
-               runner: WhisperRunner | None = None) -> Iterator[Transcript]:
+               runner: WhisperRunner | None = None,
+               progress: Callable[[Progress], None] | None = None) -> Iterator[Transcript]:
     """Transcribe files, ``options.batch_size`` at a time; yields one Transcript per file as it finishes
-    (a file that cannot be decoded yields one with ``error`` set, and the run goes on)."""
+    (a file that cannot be decoded yields one with ``error`` set, and the run goes on). ``progress`` is
+    called after each decoding step (a caller may stop the run there by raising). Raises LanguageError
+    before any decoding when the pair's model cannot take ``options.language`` or ``options.task``."""
     runner = runner or WhisperRunner(pair, options.dtype)
+    runner.check_language(options)
     queue = list(find_audio(paths))
     active: list[_Cursor] = []
+    begun, windows, files_done, finished_audio = time.perf_counter(), 0, 0, 0.0
     while queue or active:
         while queue and len(active) < max(1, options.batch_size):
             path = queue.pop(0)
@@ -616,7 +665,14 @@ def transcribe(paths: Iterable[str | Path], pair: Pair, options: TranscribeOptio
                 yield Transcript(str(path), "", 0.0, time.perf_counter() - t0, error=f"cannot be read ({exc.strerror or exc})")
         if not active:
             continue
-        _step(runner, active, options)
+        windows += _step(runner, active, options)
+        for cur in [c for c in active if c.done]:
+            files_done += 1
+            finished_audio += cur.reader.known_length / SAMPLE_RATE
+        if progress is not None:
+            progress(Progress(windows, files_done, finished_audio + sum(_audio_done(c) for c in active if not c.done),
+                              finished_audio + sum(c.reader.known_length for c in active if not c.done) / SAMPLE_RATE,
+                              time.perf_counter() - begun))
         for cur in [c for c in active if c.done]:
             active.remove(cur)
             yield _finish(cur, options.compare and options.use_assistant)

@@ -422,15 +422,39 @@ def ui_command(port: int) -> list[str]:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    import subprocess
-
     from .paths import PROJECT_ROOT
 
     env = dict(os.environ)
     if args.models:
         env["TANDEM_MODELS"] = str(Path(args.models).resolve())
     print(f"Tandem UI on http://127.0.0.1:{args.port} (Ctrl-C stops it)")
-    return subprocess.call(ui_command(args.port), cwd=PROJECT_ROOT / "ui", env=env)
+    return serve(ui_command(args.port), cwd=PROJECT_ROOT / "ui", env=env)
+
+
+def serve(command: list[str], cwd: Path, env: dict[str, str]) -> int:
+    """Run a server child until it exits, handing it SIGINT and SIGTERM (``kill PID`` on us stops it too, so
+    it never outlives us holding its port). Returns its exit status (128 + the signal for a signalled exit)."""
+    import signal
+    import subprocess
+
+    child = subprocess.Popen(command, cwd=cwd, env=env)
+
+    def forward(signum, _frame) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while True:
+            try:
+                code = child.wait()
+                break
+            except KeyboardInterrupt:  # a handler replaced by an embedding caller: pass it on and keep waiting
+                forward(signal.SIGINT, None)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 128 - code if code < 0 else code
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -474,7 +498,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("transcribe", help="transcribe audio or video files, folders (recursive) or globs")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--pair", help="asr pair from the registry (default: the registry's asr default)")
-    p.add_argument("--language", default="en", help="language code, or 'auto' to detect per file (default: en)")
+    p.add_argument("--language", default="en", help="language code, or 'auto' to detect per file (default: en); "
+                   "English-only (.en) pairs take en or auto only")
     p.add_argument("--task", choices=["transcribe", "translate"], default="transcribe")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="compute dtype (default: the pair's)")
     p.add_argument("--refs", metavar="MANIFEST", help="a manifest.jsonl with reference texts: prints WER")
@@ -596,6 +621,7 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_libraries()
     args = build_parser().parse_args(argv)
     _set_threads(args.threads)
+    from .asr import LanguageError
     from .audio import AudioDecodeError
     from .distill import DistillError
     from .regress import RegressConfigError, RegressRunError
@@ -606,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (RegistryError, ModelUnavailableError, DataBuildError, AudioDecodeError, DistillError, RegressConfigError,
-            RegressRunError) as exc:
+            RegressRunError, LanguageError) as exc:
         print(f"tandem: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -32,6 +32,7 @@ from .ct2 import CT2Model, read_ct2
 
 STAMP = "tandem-complete.json"
 WEIGHTS = "model.safetensors"
+MULTILINGUAL_VOCAB = 51865  # Whisper's multilingual vocabularies have this many tokens or more; .en ones 51864
 
 
 class EmbeddedModelError(RuntimeError):
@@ -213,6 +214,7 @@ def embedded_path(name: str) -> Path:
     spec = WHISPER[name]
     final = paths.models_dir() / name
     if _is_complete(final, spec.sha256):
+        repair_language_flag(final)
         return final
     data = read_joined_bytes(spec)
     aux = _package_file(*spec.aux)
@@ -360,13 +362,20 @@ def _special_ids(tok) -> dict[str, int]:
     }
 
 
+def is_multilingual_vocab(vocab_size: int) -> bool:
+    """Whisper's own test (openai/whisper ``Whisper.is_multilingual``): an English-only (``.en``) model has a
+    vocabulary of 51,864 tokens, a multilingual one 51,865 or more. The language tokens are in both
+    vocabularies, so their presence says nothing."""
+    return vocab_size >= MULTILINGUAL_VOCAB
+
+
 def _generation_config(aux: Path, tok, special: dict[str, int], config):
     from transformers import GenerationConfig
 
     meta = json.loads((aux / "config.json").read_text())
     lang_ids = set(meta["lang_ids"])
     lang_to_id = {t: i for t, i in tok.get_vocab().items() if i in lang_ids}
-    multilingual = len(lang_to_id) > 1
+    multilingual = is_multilingual_vocab(config.vocab_size)
     return GenerationConfig(
         decoder_start_token_id=special["sot"],
         eos_token_id=special["eot"],
@@ -413,6 +422,25 @@ def convert_whisper(ct2: CT2Model, aux: Path, out: Path) -> None:
     model.save_pretrained(out)
     tok.save_pretrained(out)
     WhisperFeatureExtractor(feature_size=config.num_mel_bins).save_pretrained(out)
+
+
+def repair_language_flag(folder: Path) -> bool:
+    """Conversions before ``is_multilingual_vocab`` marked English-only models multilingual (tiny.en got
+    ``is_multilingual: true`` and 98 language tokens, so it was prompted with a language token it never
+    learnt). Rewrite such a folder's generation_config.json in place (atomically; the weights and their
+    stamp are untouched). Returns whether it was rewritten."""
+    gen_path = folder / "generation_config.json"
+    gen = json.loads(gen_path.read_text())
+    multilingual = is_multilingual_vocab(json.loads((folder / "config.json").read_text())["vocab_size"])
+    if bool(gen.get("is_multilingual")) == multilingual:
+        return False
+    gen["is_multilingual"] = multilingual
+    if not multilingual:
+        gen["lang_to_id"], gen["task_to_id"] = {}, {}
+    tmp = gen_path.with_name(f".{gen_path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, gen_path)
+    return True
 
 
 # ----------------------------------------------------------------------------------------------------

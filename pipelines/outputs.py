@@ -34,6 +34,11 @@ def _clock(seconds: float, sep: str) -> str:
     return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
 
 
+def timestamp(seconds: float) -> str:
+    """``HH:MM:SS.mmm`` (WebVTT's form) for a time in seconds, rounded to the millisecond."""
+    return _clock(seconds, ".")
+
+
 def format_srt(segments: tuple[Segment, ...]) -> str:
     blocks = [f"{i}\n{_clock(s.start, ',')} --> {_clock(s.end, ',')}\n{s.text}\n" for i, s in enumerate(segments, 1)]
     return "\n".join(blocks)

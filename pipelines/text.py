@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .engine import DecodeOptions, PolicyOptions, rules_from_generation_config
@@ -131,9 +132,11 @@ class TextRunner:
         return [int(start)] + ([tgt_id] if tgt_id is not None else [])
 
     # -- decode
-    def _decode(self, sources: list[list[int]], prompt: list[int] | None, options: TextOptions):
+    def _decode(self, sources: list[list[int]], prompt: list[int] | None, options: TextOptions,
+                progress: Callable[[int, int], None] | None = None):
         """Decode every row: ``sources`` are encoder inputs read after the decoder ``prompt`` (encoder-decoder
-        pairs), or, with ``prompt`` None, the decoder prompts themselves (chat pairs)."""
+        pairs), or, with ``prompt`` None, the decoder prompts themselves (chat pairs). ``progress(done, total)``
+        is called after each batch."""
         import torch
 
         max_new = options.max_new_tokens or (self.gen.max_length if self.gen.max_length and self.gen.max_length != 20 else 256)
@@ -160,6 +163,8 @@ class TextRunner:
             if result.identical is not None:
                 identical = identical and all(result.identical)
                 plain_s += result.plain_stats.total_s
+            if progress is not None:
+                progress(len(outputs), len(sources))
         return outputs, stats, (plain_s if options.compare and options.use_assistant else None), \
             (identical if options.compare and options.use_assistant else None)
 
@@ -181,29 +186,36 @@ class TextRunner:
         )
 
     # -- the tasks
-    def translate(self, text: str, options: TextOptions = TextOptions()) -> TextResult:
+    def translate(self, text: str, options: TextOptions = TextOptions(),
+                  progress: Callable[[int, int], None] | None = None) -> TextResult:
+        """Translate ``text`` sentence by sentence, keeping its paragraphs. ``progress(done, total)`` is called
+        after each batch of sentences. Raises TextInputError for an empty or too long text or bad languages."""
         self._check(text)
         paragraphs = split_sentences(text)
         flat = [s for p in paragraphs for s in p]
         if self.chat:
-            outs, stats, plain_s, identical = self._decode(self._translation_prompts(flat, options), None, options)
+            outs, stats, plain_s, identical = self._decode(self._translation_prompts(flat, options), None, options,
+                                                           progress)
         else:
             src_id, tgt_id = self._lang_id(options.src, "src"), self._lang_id(options.tgt, "tgt")
             outs, stats, plain_s, identical = self._decode([self._source_ids(s, src_id) for s in flat],
-                                                           self._prompt(tgt_id), options)
+                                                           self._prompt(tgt_id), options, progress)
         it = iter(self._text(o) for o in outs)
         output = "\n\n".join(" ".join(next(it) for _ in p) for p in paragraphs)
         return self._result(text, output, len(flat), outs, stats, plain_s, identical)
 
-    def summarize(self, text: str, options: TextOptions = TextOptions()) -> TextResult:
+    def summarize(self, text: str, options: TextOptions = TextOptions(),
+                  progress: Callable[[int, int], None] | None = None) -> TextResult:
+        """Summarize ``text`` (in chunks when longer than the model's input). ``progress(done, total)`` is called
+        after each batch of chunks. Raises TextInputError for an empty or too long text."""
         self._check(text)
         if options.src or options.tgt:
             raise TextInputError("summarization takes no --src/--tgt")
         sources, notes = self._summary_sources(text, options)
         if self.chat:
-            outs, stats, plain_s, identical = self._decode(self._summary_prompts(sources), None, options)
+            outs, stats, plain_s, identical = self._decode(self._summary_prompts(sources), None, options, progress)
         else:
-            outs, stats, plain_s, identical = self._decode(sources, self._prompt(None), options)
+            outs, stats, plain_s, identical = self._decode(sources, self._prompt(None), options, progress)
         output = " ".join(self._text(o) for o in outs)
         return self._result(text, output, len(sources), outs, stats, plain_s, identical, notes)
 

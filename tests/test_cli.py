@@ -58,6 +58,25 @@ def test_transcribe_goes_on_past_bad_files(tmp_path, speech_real, capsys):
     assert "WER:             0.00% on 1 files" in out
 
 
+def test_english_only_pair_takes_english_or_auto_and_refuses_another_language(tmp_path, speech_real, capsys):
+    import json
+
+    good = next(i for i in speech_real if i["id"] == "goforward")["audio_path"]
+    assert main(["transcribe", "--pair", "whisper-tiny.en", str(good)]) == 0
+    assert "Go forward 10 meters" in capsys.readouterr().out
+    out = tmp_path / "out"
+    assert main(["transcribe", "--pair", "whisper-tiny.en", "--language", "auto", str(good), "--out", str(out),
+                 "--formats", "json"]) == 0
+    record = json.loads((out / "goforward.json").read_text())
+    assert record["language"] == "en" and "Go forward" in record["text"]  # no detection: English-only
+    capsys.readouterr()
+    assert main(["transcribe", "--pair", "whisper-tiny.en", "--language", "de", str(good)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("tandem: pair 'whisper-tiny.en' is English-only: the language must be en or auto, not 'de' "
+                       "(choose a multilingual pair)")
+    assert "Traceback" not in "".join(err)
+
+
 def test_absolute_glob_patterns(tmp_path, speech_real):
     from pipelines.asr import find_audio
 
@@ -75,3 +94,49 @@ def test_console_script_help():
     assert out.returncode == 0
     for command in ("models", "data", "transcribe", "demo"):
         assert command in out.stdout
+
+
+def test_ui_stops_with_its_streamlit_child_on_sigterm(tmp_path):
+    """`kill PID` on `tandem ui` reaches the Streamlit server: both exit and the port is free again."""
+    import os
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "ui", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        for _ in range(120):
+            try:
+                if urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=1).read() == b"ok":
+                    break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            raise AssertionError("tandem ui did not start")
+        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        assert children, "tandem ui runs the server as a child process"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) in (0, 128 + signal.SIGTERM, 143)
+        for pid in map(int, children):
+            for _ in range(40):
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.25)
+            else:
+                raise AssertionError(f"the Streamlit child {pid} outlived tandem ui")
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT left by our requests is fine
+            s.bind(("127.0.0.1", port))  # nobody listens there any more
+            s.listen()
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever of its session is left (the child, when the test fails)
+        except ProcessLookupError:
+            pass

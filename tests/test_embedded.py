@@ -101,3 +101,20 @@ def test_converted_base_transcribes_real_speech(registry, base_runner, speech_re
     for clip in ("forever", "goforward", "cards-001", "librivox-sense_and_sensibility_01_austen_64kb-0870"):
         assert normalize(hyps[clip]) == normalize(refs[clip]), (clip, hyps[clip])
     assert wer(list(hyps.values()), [refs[k] for k in hyps]).value < 0.12
+
+
+def test_english_only_model_is_converted_and_repaired_as_english_only(tmp_path, monkeypatch):
+    """tiny.en's vocabulary (51,864 tokens) has the language tokens too; it is still English-only. A copy
+    converted before this was known (is_multilingual true) is rewritten on load, its weights kept."""
+    monkeypatch.setenv("TANDEM_CACHE", str(tmp_path))
+    folder = embedded_path("whisper-tiny.en")
+    gen_path = folder / "generation_config.json"
+    gen = json.loads(gen_path.read_text())
+    assert gen["is_multilingual"] is False and not gen.get("lang_to_id") and not gen.get("task_to_id")
+    stamp = (folder / STAMP).read_text()
+    gen.update(is_multilingual=True, lang_to_id={"<|en|>": 50259, "<|de|>": 50261}, task_to_id={"transcribe": 50359})
+    gen_path.write_text(json.dumps(gen))
+    assert embedded_path("whisper-tiny.en") == folder
+    gen = json.loads(gen_path.read_text())
+    assert gen["is_multilingual"] is False and gen["lang_to_id"] == {} and (folder / STAMP).read_text() == stamp
+    assert not embedded.repair_language_flag(folder)  # already right: left alone

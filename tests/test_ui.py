@@ -36,14 +36,17 @@ def metrics(at: AppTest) -> dict[str, str]:
 def test_summarize_page_output_speed_quality_and_chart(models):
     doc = project_documents()[0]["document"][:250]
     at = page("summarize")
-    at.selectbox(key="pair").set_value("bart-pair")
-    at.text_area(key="text").input(doc)
-    at.checkbox(key="compare").check()
-    at.text_area(key="reference").input(project_documents()[0]["summary"])
-    at.button(key="run").click().run()
+    at.selectbox(key="summarize_pair").set_value("bart-pair")
+    at.text_area(key="summarize_text").input(doc)
+    at.checkbox(key="summarize_compare").check()
+    at.text_area(key="summarize_reference").input(project_documents()[0]["summary"])
+    at.button(key="summarize_run").click().run()
     assert not at.exception and not at.error
     expected = TextRunner(load_registry(models).get("bart-pair")).summarize(doc, TextOptions()).output
-    assert at.text_area(key="output").value == expected
+    output = at.text_area(key="summarize_output")
+    assert output.value == expected and not output.disabled  # selectable, so it can be copied
+    assert [b.proto.label for b in at.get("download_button")] == ["Download txt"]
+    assert any(c.value.startswith("Done in") for c in at.caption)  # the progress area's closing line
     shown = metrics(at)
     assert shown["Identical to plain"] == "yes"
     assert shown["Speedup"].endswith("x") and shown["Acceptance"].endswith("%")
@@ -53,29 +56,41 @@ def test_summarize_page_output_speed_quality_and_chart(models):
 
 def test_translate_page_with_languages(models):
     at = page("translate")
-    at.selectbox(key="pair").set_value("m2m_100-pair").run()
-    at.selectbox(key="src").set_value("eng_Latn").run()
-    at.selectbox(key="tgt").set_value("fra_Latn")
+    at.selectbox(key="translate_pair").set_value("m2m_100-pair").run()
+    assert at.selectbox(key="translate_src").options == ["English", "French", "German"]  # names, not eng_Latn
+    at.selectbox(key="translate_src").set_value("eng_Latn").run()
+    at.selectbox(key="translate_tgt").set_value("fra_Latn")
     text = project_sentences()[0]
-    at.text_area(key="text").input(text)
-    at.text_area(key="reference").input("Le train part à sept heures.")
-    at.button(key="run").click().run()
+    at.text_area(key="translate_text").input(text)
+    at.text_area(key="translate_reference").input("Le train part à sept heures.")
+    at.button(key="translate_run").click().run()
     assert not at.exception and not at.error
     runner = TextRunner(load_registry(models).get("m2m_100-pair"))
-    assert at.text_area(key="output").value == runner.translate(text, TextOptions(src="eng_Latn", tgt="fra_Latn")).output
+    expected = runner.translate(text, TextOptions(src="eng_Latn", tgt="fra_Latn")).output
+    assert at.text_area(key="translate_output").value == expected
     assert "BLEU / chrF" in metrics(at)
 
 
-def test_text_page_errors_empty_too_large_missing_model_and_broken_registry(models, tmp_path, monkeypatch):
+def test_text_page_errors_are_one_line_and_say_what_to_do(models, tmp_path, monkeypatch):
     at = page("summarize")
-    at.selectbox(key="pair").set_value("bart-pair")
-    at.text_area(key="text").input("   ")
-    at.button(key="run").click().run()
+    at.selectbox(key="summarize_pair").set_value("bart-pair")
+    at.text_area(key="summarize_text").input("   ")
+    at.button(key="summarize_run").click().run()
     assert "Enter some text" in at.warning[0].value
 
-    at.text_area(key="text").input("word " * (MAX_INPUT_CHARS // 5 + 1))
-    at.button(key="run").click().run()
+    at.text_area(key="summarize_text").input("word " * (MAX_INPUT_CHARS // 5 + 1))
+    at.button(key="summarize_run").click().run()
     assert "the limit is" in at.error[0].value
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr(TextRunner, "summarize", boom)
+    at.text_area(key="summarize_text").input("Some text.")
+    at.button(key="summarize_run").click().run()
+    assert not at.exception
+    assert at.error[0].value == "Something went wrong (RuntimeError: boom); the details are in the server's log."
+    monkeypatch.undo()
 
     spec = yaml.safe_load(models.read_text())
     spec["pairs"]["absent"] = {"task": "summarize", "main": {"hub": "nobody/no-such-model", "revision": "main"}}
@@ -84,45 +99,89 @@ def test_text_page_errors_empty_too_large_missing_model_and_broken_registry(mode
     monkeypatch.setenv("TANDEM_MODELS", str(other))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     at = page("summarize")
-    assert any("needs download" in o for o in at.selectbox(key="pair").options)
-    at.selectbox(key="pair").set_value("absent")
-    at.text_area(key="text").input("Some text.")
-    at.button(key="run").click().run()
-    assert "cannot be loaded" in at.error[0].value
+    assert "absent  (not installed)" in at.selectbox(key="summarize_pair").options
+    at.selectbox(key="summarize_pair").set_value("absent").run()
+    assert "To get it: run `hf download nobody/no-such-model`" in at.warning[0].value
+    at.text_area(key="summarize_text").input("Some text.")
+    at.button(key="summarize_run").click().run()
+    error = at.error[0].value
+    assert "cannot be loaded. To get it: run `hf download nobody/no-such-model`" in error and "\n" not in error
+    assert "HF_HUB_OFFLINE" not in error
 
     other.write_text("pairs: [not, a, mapping\n")
     at = page("summarize")
     assert "registry cannot be read" in at.error[0].value
 
 
-def test_transcribe_page_sample_upload_and_errors(models, speech_real):
+def test_text_typed_survives_a_page_change(models):
+    at = AppTest.from_file(str(UI / "app.py"), default_timeout=300)
+    at.run()
+    at.text_area(key="translate_text").input("Typed, then another page.")
+    at.switch_page("summarize.py").run()
+    assert not at.exception and at.title[0].value == "Summarize"
+    at.switch_page("translate.py").run()
+    assert at.text_area(key="translate_text").value == "Typed, then another page."
+
+
+def test_transcribe_page_results_downloads_stale_inputs_and_errors(models, speech_real):
     from pipelines.asr import TranscribeOptions, transcribe
     from pipelines.evalsets import set_dir
+    from pipelines.outputs import render
 
     item = speech_real[0]
     at = page("transcribe")
-    at.button(key="run").click().run()
+    at.button(key="asr_run").click().run()
     assert "Choose an audio file" in at.warning[0].value
 
-    at.selectbox(key="sample").set_value(item["id"])
-    at.checkbox(key="compare").check()
-    at.text_area(key="reference").input(item["reference"])
-    at.button(key="run").click().run()
+    at.selectbox(key="asr_sample").set_value(item["id"]).run()
+    at.checkbox(key="asr_compare").check()
+    at.text_area(key="asr_reference").input(item["reference"])
+    at.button(key="asr_run").click().run()
     assert not at.exception and not at.error
     pair = load_registry(models).get("whisper-base")
     expected = next(transcribe([set_dir("speech-real") / item["audio"]], pair, TranscribeOptions()))
-    assert at.text_area(key="output").value == expected.text
+    assert at.text_area(key="asr_output").value == expected.text and not at.text_area(key="asr_output").disabled
     shown = metrics(at)
     assert shown["Identical to plain"] == "yes" and "WER against the reference" in shown
+    assert [b.proto.label for b in at.get("download_button")] == [f"Download {f}" for f in ("txt", "srt", "vtt", "json")]
+    table = at.table[0].value
+    assert list(table["text"]) == [s.text for s in expected.segments]
+    assert list(table["start"]) == ["00:00:%06.3f" % s.start for s in expected.segments]
+    assert "00:00:00" in render(expected, "srt")  # the same writer the downloads use
+    assert len(at.get("vega_lite_chart")) == 2  # latency bars, and accepted drafts per round
 
-    at.selectbox(key="sample").set_value("(none)")
-    at.file_uploader(key="upload").set_value(("notes.wav", b"this is text, not audio", "audio/wav"))
-    at.button(key="run").click().run()
-    assert "cannot be read as audio" in at.error[0].value
+    at.file_uploader[0].set_value(("notes.wav", b"this is text, not audio", "audio/wav")).run()
+    assert at.selectbox(key="asr_sample").value == "(none)" and at.text_area(key="asr_reference").value == ""
+    assert not at.get("download_button")  # the last result went with its input
+    at.button(key="asr_run").click().run()
+    assert at.error[0].value.startswith("This file cannot be read as audio")
 
+    at.selectbox(key="asr_sample").set_value(item["id"]).run()
+    assert at.file_uploader[0].value is None  # the upload is cleared: the sample is what runs
     audio = (set_dir("speech-real") / item["audio"]).read_bytes()
-    at.file_uploader(key="upload").set_value((item["audio"].split("/")[-1], audio, "audio/wav"))
-    at.checkbox(key="compare").uncheck()
-    at.checkbox(key="chunked").check()  # a clip under 30 s is one window either way
-    at.button(key="run").click().run()
-    assert at.text_area(key="output").value == expected.text
+    at.text_area(key="asr_reference").input("a stale reference")
+    at.file_uploader[0].set_value((item["audio"].split("/")[-1], audio, "audio/wav")).run()
+    assert at.text_area(key="asr_reference").value == "" and at.selectbox(key="asr_sample").value == "(none)"
+    at.checkbox(key="asr_compare").uncheck()
+    at.checkbox(key="asr_chunked").check()  # a clip under 30 s is one window either way
+    at.button(key="asr_run").click().run()
+    assert at.text_area(key="asr_output").value == expected.text
+
+
+def test_english_only_plain_pair_language_fixed_and_plain_metrics(models, speech_real, tmp_path, monkeypatch):
+    spec = yaml.safe_load(models.read_text())
+    spec["pairs"]["whisper-tiny.en"] = yaml.safe_load((PROJECT_ROOT / "models.yaml").read_text())["pairs"]["whisper-tiny.en"]
+    other = tmp_path / "models.yaml"
+    other.write_text(yaml.safe_dump(spec))
+    monkeypatch.setenv("TANDEM_MODELS", str(other))
+    at = page("transcribe")
+    at.selectbox(key="asr_pair").set_value("whisper-tiny.en").run()
+    box = at.selectbox(key="asr_language_en")
+    assert box.disabled and box.options == ["English"]
+    assert not [c for c in at.checkbox if c.key == "asr_compare"]  # nothing to compare a plain pair with
+    at.selectbox(key="asr_sample").set_value(next(i for i in speech_real if i["id"] == "goforward")["id"])
+    at.button(key="asr_run").click().run()
+    assert not at.exception and not at.error
+    assert at.text_area(key="asr_output").value.startswith("Go forward")
+    assert set(metrics(at)) == {"Latency", "Tokens/s"}  # no assisted latency, acceptance or speedup
+    assert any("language English" in c.value for c in at.caption)

@@ -1,9 +1,12 @@
 """A real browser (Debian's chromium, driven by Playwright; no browser download) against ``tandem ui`` served
-on 127.0.0.1: one summarization with a local test pair and one transcription with the embedded Whisper.
+on 127.0.0.1, in one session: a summarization with a local test pair (copy to the clipboard, txt download),
+text kept when another page is clicked right after typing, a transcription with the embedded Whisper (txt,
+srt, vtt and json downloads equal to the CLI's writers) and a long transcription stopped half-way.
 Screenshots go to $TANDEM_SCREENSHOTS (default: this test's tmp folder)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -60,8 +63,44 @@ def _fill(page, label: str, text: str) -> None:
     page.wait_for_timeout(500)
 
 
-def test_summarize_and_transcribe_in_a_real_browser(server, local_models_file, speech_real, tmp_path):
-    from playwright.sync_api import sync_playwright
+def _download(page, label: str) -> str:
+    with page.expect_download() as info:
+        page.get_by_role("button", name=label).click()
+    return Path(info.value.path()).read_text(encoding="utf-8")
+
+
+def _nav(page, title: str) -> None:
+    """Click a page in the sidebar. Right after typing, Streamlit's first click only commits the text area
+    (its blur reruns the page it is on), so a second click may be needed, as for a user."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    link = page.locator('[data-testid="stSidebarNav"] a', has_text=title)
+    link.click()
+    try:
+        page.get_by_role("heading", name=title).wait_for(timeout=8000)
+    except PlaywrightTimeout:
+        link.click()
+        page.get_by_role("heading", name=title).wait_for()
+
+
+def _long_clip(items, folder: Path) -> Path:
+    """About 70 s of speech (clips joined): three 30 s windows, so a Stop lands mid-way."""
+    import numpy as np
+    import soundfile as sf
+
+    clips = [sf.read(set_dir("speech-real") / it["audio"], dtype="float32")[0] for it in items]
+    audio = np.concatenate(clips)
+    audio = np.tile(audio, int(np.ceil(70 * 16000 / len(audio))))[: 70 * 16000]
+    path = folder / "long.wav"
+    sf.write(path, audio, 16000)
+    return path
+
+
+def test_the_pages_in_a_real_browser(server, local_models_file, speech_real, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    from pipelines.asr import TranscribeOptions, transcribe
+    from pipelines.outputs import render
 
     shots = Path(os.environ.get("TANDEM_SCREENSHOTS") or tmp_path / "screenshots")
     shots.mkdir(parents=True, exist_ok=True)
@@ -69,34 +108,68 @@ def test_summarize_and_transcribe_in_a_real_browser(server, local_models_file, s
     expected_summary = TextRunner(load_registry(local_models_file).get("bart-pair")).summarize(doc, TextOptions()).output
     item = speech_real[1]
     audio = set_dir("speech-real") / item["audio"]
+    expected = next(transcribe([audio], load_registry(local_models_file).get("whisper-base"), TranscribeOptions()))
+    long_clip = _long_clip(speech_real[:6], tmp_path)
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        page = browser.new_page(viewport={"width": 1200, "height": 1600})
+        context = browser.new_context(viewport={"width": 1200, "height": 1600}, accept_downloads=True,
+                                      permissions=["clipboard-read", "clipboard-write"])
+        page = context.new_page()
         page.set_default_timeout(int(os.environ.get('PW_TIMEOUT', '120000')))
 
+        # Summarize: the output can be selected and copied, and downloaded as txt
         page.goto(f"{server}/summarize")
-        page.get_by_text("Summarize", exact=True).first.wait_for()
+        page.get_by_role("heading", name="Summarize").wait_for()
         _fill(page, "Text", doc)
         page.get_by_role("button", name="Summarize").click()
         output = page.get_by_label("Output", exact=True)
         output.wait_for()
-        assert output.input_value() == expected_summary
+        assert output.input_value() == expected_summary and output.is_editable()
+        output.select_text()
+        page.keyboard.press("Control+C")
+        assert page.evaluate("navigator.clipboard.readText()") == expected_summary
+        assert _download(page, "Download txt") == expected_summary + "\n"
         page.screenshot(path=str(shots / "summarize.png"), full_page=True)
 
-        page.goto(f"{server}/transcribe")
+        # Translate: typed text survives a change of page (committed first: when Streamlit's first click after
+        # typing changes the page at once, the text does not reach the server; see the closing note of issue 20)
+        _nav(page, "Translate")
+        _fill(page, "Text", "Typed, then straight to another page.")
+        _nav(page, "Summarize")
+        _nav(page, "Translate")
+        assert page.get_by_label("Text", exact=True).input_value() == "Typed, then straight to another page."
+        page.screenshot(path=str(shots / "translate.png"), full_page=True)
+
+        # Transcribe: an upload, the transcript and the four downloads (the CLI's writers)
+        _nav(page, "Transcribe")
         page.locator("input[type=file]").set_input_files(str(audio))
         page.get_by_text(re.compile(r"^\d+(\.\d+)?KB$")).first.wait_for()  # the uploaded file's chip
         page.get_by_role("button", name="Transcribe").click()
         transcript = page.get_by_label("Transcript", exact=True)
         transcript.wait_for()
         text = transcript.input_value()
+        downloads = {fmt: _download(page, f"Download {fmt}") for fmt in ("txt", "srt", "vtt", "json")}
         page.screenshot(path=str(shots / "transcribe.png"), full_page=True)
+
+        # A long file: progress, then Stop
+        page.locator("input[type=file]").set_input_files(str(long_clip))
+        page.get_by_text("long.wav").first.wait_for()
+        page.get_by_role("button", name="Transcribe").click()
+        page.get_by_text(re.compile(r"window\(s\) decoded, \d+ of \d+ s of audio")).first.wait_for()
+        page.screenshot(path=str(shots / "progress.png"), full_page=True)
+        page.get_by_role("button", name="Stop").click()
+        page.get_by_text("Stopped. Nothing was kept").wait_for()
+        expect(page.get_by_label("Transcript", exact=True)).to_have_count(0)  # nothing kept (stale elements go)
+        page.screenshot(path=str(shots / "stopped.png"), full_page=True)
         browser.close()
 
-    from pipelines.asr import TranscribeOptions, transcribe
-
-    expected = next(transcribe([audio], load_registry(local_models_file).get("whisper-base"), TranscribeOptions()))
     assert text == expected.text and text
-    assert (shots / "summarize.png").stat().st_size > 10_000 and (shots / "transcribe.png").stat().st_size > 10_000
+    for fmt in ("txt", "srt", "vtt"):
+        assert downloads[fmt] == render(expected, fmt), fmt
+    data = json.loads(downloads["json"])
+    assert data["text"] == expected.text and data["path"] == audio.name
+    assert [s["text"] for s in data["segments"]] == [s.text for s in expected.segments]
+    for name in ("summarize", "translate", "transcribe", "progress", "stopped"):
+        assert (shots / f"{name}.png").stat().st_size > 10_000, name
     print(f"screenshots in {shots}", file=sys.stderr)

@@ -5,6 +5,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from views import text_page  # noqa: E402
+from text_view import text_page  # noqa: E402
 
 text_page("summarize")

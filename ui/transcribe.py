@@ -5,6 +5,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from views import transcribe_page  # noqa: E402
+from transcribe_view import transcribe_page  # noqa: E402
 
 transcribe_page()
