@@ -239,6 +239,20 @@ def cmd_bench_asr(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_scale(args: argparse.Namespace) -> int:
+    from .scale import require_ray
+    from .scale.bench import bench_scale
+
+    try:
+        require_ray()
+    except ImportError as e:
+        print(f"tandem: {e}", file=sys.stderr)
+        return 2
+    actors = tuple(int(x) for x in args.actors.split(",") if x.strip())
+    bench_scale(args.pair, args.set, args.limit, args.batch_size, actors, args.threads_per_actor, args.json)
+    return 0
+
+
 def cmd_distill(args: argparse.Namespace) -> int:
     from .distill import DistillOptions, distill
 
@@ -426,6 +440,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "faster-whisper's batched pipeline (default: %(default)s)")
     b.add_argument("--json", default="reports/bench-asr.json", help="where to write the figures (default: %(default)s)")
     b.set_defaults(func=cmd_bench_asr)
+    b = bench_sub.add_parser("scale", help="the batch job in-process (1 thread, every core) vs on a local Ray actor pool: "
+                                          "files per minute, Ray's start-up (needs the 'scale' extra)")
+    b.add_argument("--pair", help="asr pair (default: the registry's asr default)")
+    b.add_argument("--set", default="speech-real", help="evaluation set (default: %(default)s)")
+    b.add_argument("--limit", type=int, default=12, help="files at most (default: %(default)s)")
+    b.add_argument("--batch-size", type=int, default=4, help="windows decoded together (default: %(default)s)")
+    b.add_argument("--actors", default="1,2", help="comma-separated actor counts, one Ray row each (default: %(default)s)")
+    b.add_argument("--threads-per-actor", type=int, default=1, help="torch threads per actor (default: %(default)s)")
+    b.add_argument("--json", default="reports/bench-scale.json", help="where to write the figures (default: %(default)s)")
+    b.set_defaults(func=cmd_bench_scale)
 
     p = sub.add_parser("distill", help="make a small assistant for a main model: corpus, labels from the main model, training, export")
     p.add_argument("--main", required=True, metavar="PAIR_OR_MODEL", help="a pair (its main model), an embedded name, a folder or a hub id")

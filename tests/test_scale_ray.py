@@ -1,6 +1,7 @@
 """The batch job on a local Ray cluster (pipelines/scale): the same transcripts and files as the in-process
 run, resume after an interrupted run, and a worker killed mid-run costing nothing (or, without retries, only
-its in-flight file, listed as failed). One Ray instance for the session (2 CPUs); plain whisper-base."""
+its in-flight file, listed as failed: marked slow). One Ray instance for the session (2 CPUs); plain
+whisper-base. Skipped when Ray is not installed (CI installs the 'scale' extra)."""
 
 from __future__ import annotations
 
@@ -145,6 +146,7 @@ def test_killed_worker_costs_nothing(tmp_path, ray_cluster, inputs, in_process, 
     assert sorted(_failures(out)) == sorted(_failures(in_process[0]))
 
 
+@pytest.mark.slow  # two more runs (~30-60 s on 2 cores): with the three above the Ray tests would pass 90 s
 def test_without_retries_a_killed_worker_costs_only_its_file(tmp_path, ray_cluster, inputs, in_process, pair):
     """With max_task_retries=0 the killed actor's in-flight file is listed as failed (failures.tsv, with
     the reason), every other file is done, and a second run does that file."""
