@@ -271,6 +271,15 @@ def toy_workloads(n: int = 16) -> list[Workload]:
     ]
 
 
+def write_report(report: dict, json_path: str | None, log=print) -> dict:
+    """Write a benchmark's report as JSON to ``json_path`` (folders made) when one is given; the report."""
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(report, indent=1))
+        log(f"wrote {json_path}")
+    return report
+
+
 def environment() -> dict:
     import transformers
 
@@ -301,11 +310,7 @@ def bench_engine(limit: int = 24, json_path: str | None = None, include_toys: bo
         rows += bench_workload(w, log=log)
     report = {"environment": environment(), "inputs": limit, "end_to_end": end_to_end, "dtype": dtype,
               "rows": [asdict(r) for r in rows]}
-    if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(report, indent=1))
-        log(f"wrote {json_path}")
-    return report
+    return write_report(report, json_path, log)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -453,8 +458,4 @@ def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synt
                 f"{100 * row.wer:5.1f}% {idt} {tpc}")
     report = {"environment": environment(), "pair": pair.name, "batch_size": batch_size, "chunk_batch": chunk_batch,
               "rows": [asdict(r) for r in rows]}
-    if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(report, indent=1))
-        log(f"wrote {json_path}")
-    return report
+    return write_report(report, json_path, log)

@@ -11,10 +11,8 @@ tokens equal Tandem plain's and transformers' plain output.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 
@@ -88,7 +86,7 @@ def bench_text(task: str, pair_name: str | None = None, limit: int = 4, max_new_
                json_path: str | None = None, models: str | None = None, log=print) -> list[TextBenchRow]:
     """Run the systems on ``limit`` items of the task's set and print (and write) the table.
     Raises ``RegistryError`` / ``ModelUnavailableError`` when the pair cannot be had."""
-    from .bench import environment
+    from .bench import environment, write_report
     from .registry import load_registry
     from .text import TextRunner
 
@@ -124,8 +122,6 @@ def bench_text(task: str, pair_name: str | None = None, limit: int = 4, max_new_
         per_call = f"{r.tokens_per_call:.2f}" if r.tokens_per_call is not None else "-"
         log(f"{r.system:<30}{r.seconds:>9.1f}{r.tokens:>8}{per_call:>9}{r.speedup:>8.2f}x"
             f"{r.identical_to_plain:>15.0%}{r.identical_to_generate:>18.0%}")
-    if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps({"environment": environment(), "pair": pair.name, "task": task,
-                                               "prompts": len(prompts), "rows": [asdict(r) for r in rows]}, indent=1))
+    write_report({"environment": environment(), "pair": pair.name, "task": task, "prompts": len(prompts),
+                  "rows": [asdict(r) for r in rows]}, json_path, log)
     return rows

@@ -104,143 +104,6 @@ def cmd_data_list(args: argparse.Namespace) -> int:
 # tandem transcribe / demo
 
 
-def _load_refs(manifest: str | None) -> dict[str, str]:
-    """Reference texts keyed by audio file stem (and by item id)."""
-    if not manifest:
-        return {}
-    from .evalsets import read_manifest
-
-    refs = {}
-    for item in read_manifest(Path(manifest)):
-        refs[item["id"]] = item["reference"]
-        if "audio" in item:
-            refs[Path(item["audio"]).stem] = item["reference"]
-    return refs
-
-
-def run_transcribe(paths: list[str], pair_name: str | None, language: str | None, task: str, dtype: str | None,
-                   refs_manifest: str | None, models: str | None, use_assistant: bool = True,
-                   compare: bool = False, out: str | None = None, formats: tuple[str, ...] = ("txt",),
-                   batch_size: int = 4, timestamps: bool = False, quiet: bool = False,
-                   long_form: str = "sequential", lookahead: str = "adaptive", safeguards: dict | None = None) -> int:
-    from tqdm import tqdm
-
-    from .engine import parse_policy
-
-    from .asr import TranscribeOptions, transcribe
-    from .inputs import display, find_inputs
-    from .metrics import wer
-    from .outputs import OutputError, OutputTree, run_signature
-    from .registry import load_registry
-
-    registry = load_registry(models)
-    pair = registry.get(pair_name) if pair_name else registry.default("asr")
-    if pair.task != "asr":
-        print(f"tandem: pair {pair.name!r} is a {pair.task} pair, not an asr pair", file=sys.stderr)
-        return 2
-    try:
-        policy = parse_policy(lookahead)
-    except ValueError as e:
-        print(f"tandem: {e}", file=sys.stderr)
-        return 2
-    if batch_size < 1:
-        print(f"tandem: --batch-size must be 1 or more (got {batch_size})", file=sys.stderr)
-        return 2
-    try:
-        options = TranscribeOptions(language=None if language == "auto" else language, task=task, dtype=dtype,
-                                    use_assistant=use_assistant, policy=policy, **(safeguards or {}), compare=compare, batch_size=batch_size,
-                                    long_form=long_form, timestamps=timestamps or any(f in ("srt", "vtt", "tsv") for f in (formats if out else ())))
-    except ValueError as e:
-        print(f"tandem: {e}", file=sys.stderr)
-        return 2
-    refs = _load_refs(refs_manifest)
-    missing = [p for p in paths if not any(ch in p for ch in "*?[") and not os.path.lexists(p)]
-    if missing:
-        print(f"tandem: no such file or folder: {display(missing[0])}", file=sys.stderr)
-        return 2
-    inputs, collisions = find_inputs(paths)
-    files = [i.path for i in inputs]
-    if not files:
-        print("tandem: no audio files found in " + ", ".join(display(p) for p in paths), file=sys.stderr)
-        return 2
-    tree = OutputTree(out, inputs, formats, run_signature(pair.name, options)) if out else None
-    if tree:
-        try:
-            tree.open()  # before any model loads: a folder we cannot write to is known now
-        except OutputError as e:
-            print(f"tandem: {e}", file=sys.stderr)
-            return 2
-    for line in collisions:
-        print(line)
-    todo = [f for f in files if not (tree and f.exists() and tree.is_done(f))]
-    if not pair.uses_assistant or not use_assistant:
-        mode = "plain decoding" + ("" if use_assistant else " (--no-assistant)")
-    else:
-        mode = f"drafts from {pair.assistant or 'prompt lookup'}"
-    print(f"pair {pair.name}: {pair.main}, {mode}, {options.dtype or pair.dtype}, batch {batch_size}"
-          + (", long files in chunks" if long_form == "chunked" else ""))
-    if tree and len(todo) < len(files):
-        print(f"resuming: {len(files) - len(todo)} of {len(files)} files already done in {out}")
-    start = time.perf_counter()
-    results = []
-    bar = tqdm(total=len(todo), unit="file", disable=quiet or not todo, file=sys.stderr)
-    interrupted = False
-    try:
-        for result in transcribe(todo, pair, options):
-            results.append(result)
-            if tree:
-                tree.write(result)
-            name = display(Path(result.path).name)
-            line = f"{name}  [{result.duration:.1f} s audio]  {result.text}" if result.ok else f"{name}  FAILED: {result.error}"
-            bar.write(line)
-            audio_done = sum(r.duration for r in results)
-            bar.set_postfix(audio=f"{audio_done:.0f}s", rtf=f"{(time.perf_counter() - start) / max(audio_done, 1e-9):.3f}")
-            bar.update(1)
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        bar.close()
-    wall = time.perf_counter() - start
-    good = [r for r in results if r.ok]
-    failed = [r for r in results if not r.ok]
-    if tree:
-        if failed:
-            tree.add_failures(failed)
-        tree.close()
-    audio = sum(r.duration for r in good)
-    print("\nsummary" + (" (interrupted: finished files are kept; run again to resume)" if interrupted else ""))
-    print(f"  files:           {len(results)} ({len(failed)} failed)" + (f", {len(files) - len(todo)} skipped (done before)" if len(todo) < len(files) else ""))
-    print(f"  audio:           {audio:.1f} s")
-    print(f"  wall time:       {wall:.1f} s (decoding {sum(r.seconds for r in good):.1f} s)")
-    if audio:
-        print(f"  real-time factor: {wall / audio:.3f} (wall / audio; below 1 is faster than real time)")
-    drafted, accepted = sum(r.drafted for r in good), sum(r.accepted for r in good)
-    calls, tokens = sum(r.main_calls for r in good), sum(r.tokens for r in good)
-    if drafted:
-        print(f"  acceptance:      {accepted / drafted:.2f} of {drafted:.0f} drafts, "
-              f"{tokens / max(calls, 1e-9):.2f} tokens per main-model call")
-    retried, skipped, dropped = (sum(getattr(r, k) for r in good) for k in ("retried", "skipped", "dropped"))
-    if retried or skipped or dropped:
-        print(f"  safeguards:      {retried} windows decoded again hotter, {skipped} skipped as silence, "
-              f"{dropped} dropped (still repetitive or unlikely at the last temperature)")
-    compared = [r for r in good if r.plain_seconds is not None]
-    if compared:
-        assisted_s = sum(r.decode_seconds for r in compared)
-        plain_s = sum(r.plain_seconds for r in compared)
-        same = sum(bool(r.identical) for r in compared)
-        print(f"  vs plain:        decoder {plain_s / max(assisted_s, 1e-9):.2f}x faster ({plain_s:.1f} s plain, "
-              f"{assisted_s:.1f} s assisted, encoder excluded), identical outputs {same}/{len(compared)}")
-    scored = [(r.text, refs[Path(r.path).stem]) for r in good if Path(r.path).stem in refs]
-    if scored:
-        score = wer([h for h, _ in scored], [r for _, r in scored], language=options.language or "en")
-        print(f"  WER:             {100 * score.value:.2f}% on {score.n} files  [{score.signature}]")
-    if failed and tree:
-        print(f"  failures:        {Path(out) / 'failures.tsv'}")
-    if interrupted:
-        return 130
-    return 1 if failed else 0
-
-
 def _threshold(text: str) -> float | None:
     """A threshold from the command line: a number, or 'off' (None: the check is off)."""
     if text.lower() in ("off", "none"):
@@ -271,10 +134,22 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     if bad:
         print(f"tandem: unknown format {bad[0]!r}; choose from {', '.join(FORMATS)}", file=sys.stderr)
         return 2
+    from .batch import run_transcribe
+
+    ray = None
+    if args.ray is not None:
+        from .scale import RayOptions
+
+        try:
+            ray = RayOptions(address=args.ray, actors=args.actors, threads_per_actor=args.threads_per_actor,
+                             files_per_task=args.files_per_task)
+        except ValueError as e:
+            print(f"tandem: {e}", file=sys.stderr)
+            return 2
     return run_transcribe(args.paths, args.pair, args.language, args.task, args.dtype, args.refs, args.models,
                           use_assistant=not args.no_assistant, compare=args.compare, out=args.out, formats=formats,
                           batch_size=args.batch_size, timestamps=args.timestamps, long_form=args.long_form,
-                          lookahead=args.lookahead, safeguards=_safeguards(args))
+                          lookahead=args.lookahead, safeguards=_safeguards(args), ray=ray)
 
 
 def _read_texts(args: argparse.Namespace) -> list[str]:
@@ -379,6 +254,20 @@ def cmd_bench_text(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_scale(args: argparse.Namespace) -> int:
+    from .scale import require_ray
+    from .scale.bench import bench_scale
+
+    try:
+        require_ray()
+    except ImportError as e:
+        print(f"tandem: {e}", file=sys.stderr)
+        return 2
+    actors = tuple(int(x) for x in args.actors.split(",") if x.strip())
+    bench_scale(args.pair, args.set, args.limit, args.batch_size, actors, args.threads_per_actor, args.json)
+    return 0
+
+
 def cmd_distill(args: argparse.Namespace) -> int:
     from .distill import DistillOptions, distill
 
@@ -460,6 +349,7 @@ def serve(command: list[str], cwd: Path, env: dict[str, str]) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     """Build the real-speech sample set and transcribe it on the default ASR pair, also decoding plainly
     (--compare) so the summary shows the speedup and the identical-output rate next to the WER."""
+    from .batch import run_transcribe
     from .evalsets import MANIFEST, build_set
 
     info = build_set("speech-real")
@@ -526,6 +416,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-speech-threshold", type=_threshold, default=0.6, metavar="P",
                    help="skip a window as silence when p(no speech) is above P and the average log-probability is "
                         "below --logprob-threshold (default: 0.6; 'off')")
+    p.add_argument("--ray", nargs="?", const="auto", metavar="auto|local|ADDRESS",
+                   help="decode on a Ray actor pool (needs pip install -e '.[scale]'): auto (the cluster this machine "
+                        "belongs to or $RAY_ADDRESS, else a local one; the default when --ray has no value), local (a "
+                        "new local one), or a cluster's ADDRESS (host:6379 or ray://host:10001)")
+    p.add_argument("--actors", type=int, default=None, metavar="N",
+                   help="with --ray: decoding actors, each loading the pair once (default: one per GPU, else one "
+                        "per --threads-per-actor CPUs of the cluster)")
+    p.add_argument("--threads-per-actor", type=int, default=1, metavar="N",
+                   help="with --ray: torch threads (and CPUs reserved) per actor (default: 1)")
+    p.add_argument("--files-per-task", type=int, default=None, metavar="N",
+                   help="with --ray: files handed to an actor at a time, the most a dying actor costs "
+                        "(default: --batch-size)")
     p.set_defaults(func=cmd_transcribe)
 
     for task, helptext in (("translate", "translate text (sentences batched through the engine)"),
@@ -585,6 +487,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-new-tokens", type=int, default=256, help="per prompt (default: %(default)s)")
     b.add_argument("--json", default="reports/bench-text.json", help="where to write the figures (default: %(default)s)")
     b.set_defaults(func=cmd_bench_text)
+    b = bench_sub.add_parser("scale", help="the batch job in-process (1 thread, every core) vs on a local Ray actor pool: "
+                                          "files per minute, Ray's start-up (needs the 'scale' extra)")
+    b.add_argument("--pair", help="asr pair (default: the registry's asr default)")
+    b.add_argument("--set", default="speech-real", help="evaluation set (default: %(default)s)")
+    b.add_argument("--limit", type=int, default=12, help="files at most (default: %(default)s)")
+    b.add_argument("--batch-size", type=int, default=4, help="windows decoded together (default: %(default)s)")
+    b.add_argument("--actors", default="1,2", help="comma-separated actor counts, one Ray row each (default: %(default)s)")
+    b.add_argument("--threads-per-actor", type=int, default=1, help="torch threads per actor (default: %(default)s)")
+    b.add_argument("--json", default="reports/bench-scale.json", help="where to write the figures (default: %(default)s)")
+    b.set_defaults(func=cmd_bench_scale)
 
     p = sub.add_parser("distill", help="make a small assistant for a main model: corpus, labels from the main model, training, export")
     p.add_argument("--main", required=True, metavar="PAIR_OR_MODEL", help="a pair (its main model), an embedded name, a folder or a hub id")

@@ -1,0 +1,286 @@
+"""The batch job: files in, transcripts written under ``--out``, resumable, every file done or listed as failed.
+
+plan      ``plan_batch`` expands the paths (``inputs.find_inputs``), opens the output folder (its lock, before
+          any model loads) and decides what is left to do (``pending``: a file whose record says done with
+          the same run signature is skipped)
+decode    a source of Transcripts, one per pending file: ``transcribe_in_process`` (this process, the
+          default) or ``pipelines.scale.ray_batch.transcribe_on_ray`` (a Ray actor pool)
+record    ``run_batch`` writes each result as it arrives (``outputs.OutputTree.write``: outputs, then the
+          record, atomically), appends the run's failures to ``failures.tsv`` and releases the folder
+report    ``run_transcribe`` is the ``tandem transcribe`` command: progress bar, one line per file, summary
+
+The decoding source is the only thing that differs between the in-process run and the Ray run: planning,
+resume decisions and writing are these functions in both.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .asr import Transcript, TranscribeOptions, transcribe
+from .inputs import display, find_inputs
+from .outputs import OutputError, OutputTree, run_signature
+from .registry import Pair
+
+if TYPE_CHECKING:
+    from .scale.ray_batch import RayOptions
+
+
+class BatchError(ValueError):
+    """The run cannot start (a missing input, no audio found, an unusable output folder): one sentence."""
+
+
+@dataclass(frozen=True)
+class BatchJob:
+    """A planned run. ``tree`` is open (its lock held) until ``run_batch`` closes it."""
+
+    pair: Pair
+    options: TranscribeOptions
+    files: tuple[Path, ...]  # every input found, in a stable order
+    todo: tuple[Path, ...]  # the inputs not done before (all of them without an output folder)
+    tree: OutputTree | None  # where outputs go, or None (nothing written)
+    collisions: tuple[str, ...] = ()  # one line per output name that had to be disambiguated
+
+
+@dataclass(frozen=True)
+class BatchRun:
+    """What a run did: one Transcript per file it decoded (failed ones have ``error`` set)."""
+
+    results: tuple[Transcript, ...]
+    skipped: int  # files done by an earlier run into the same folder
+    wall: float  # seconds from the first decode to the last result
+    interrupted: bool  # stopped by Ctrl-C (or an on_result that raised KeyboardInterrupt)
+
+    @property
+    def failed(self) -> tuple[Transcript, ...]:
+        return tuple(r for r in self.results if not r.ok)
+
+
+def pending(files: Iterable[Path], tree: OutputTree | None) -> tuple[Path, ...]:
+    """The files a run still has to decode: all of them, less those whose record in ``tree`` says done."""
+    return tuple(f for f in files if not (tree and f.exists() and tree.is_done(f)))
+
+
+def plan_batch(paths: Iterable[str | os.PathLike], pair: Pair, options: TranscribeOptions, out: str | os.PathLike | None = None,
+               formats: tuple[str, ...] = ("txt",)) -> BatchJob:
+    """Expand ``paths`` (files, folders searched recursively, globs), open ``out`` and decide what is left.
+    Raises BatchError before any model loads; the returned job holds the output folder's lock."""
+    paths = [os.fspath(p) for p in paths]
+    if pair.task != "asr":
+        raise BatchError(f"pair {pair.name!r} is a {pair.task} pair, not an asr pair")
+    missing = [p for p in paths if not any(ch in p for ch in "*?[") and not os.path.lexists(p)]
+    if missing:
+        raise BatchError(f"no such file or folder: {display(missing[0])}")
+    inputs, collisions = find_inputs(paths)
+    if not inputs:
+        raise BatchError("no audio files found in " + ", ".join(display(p) for p in paths))
+    tree = OutputTree(out, inputs, formats, run_signature(pair.name, options)) if out else None
+    if tree:
+        try:
+            tree.open()
+        except OutputError as e:
+            raise BatchError(str(e)) from None
+    files = tuple(i.path for i in inputs)
+    return BatchJob(pair, options, files, pending(files, tree), tree, tuple(collisions))
+
+
+def transcribe_in_process(job: BatchJob) -> Iterator[Transcript]:
+    """Decode the job's pending files in this process (the pair loaded once), one Transcript per file."""
+    return transcribe(job.todo, job.pair, job.options)
+
+
+def run_batch(job: BatchJob, source: Iterable[Transcript] | None = None,
+              on_result: Callable[[Transcript], None] | None = None) -> BatchRun:
+    """Write each Transcript of ``source`` (default: ``transcribe_in_process(job)``) as it arrives, then
+    append the failures to ``failures.tsv`` and release the output folder. Ctrl-C stops the run cleanly:
+    what was written is kept and a second run resumes after it."""
+    source = transcribe_in_process(job) if source is None else source
+    results: list[Transcript] = []
+    start = time.perf_counter()
+    interrupted = False
+    try:
+        for result in source:
+            results.append(result)
+            if job.tree:
+                job.tree.write(result)
+            if on_result:
+                on_result(result)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        close = getattr(source, "close", None)
+        if close:
+            close()  # a generator's cleanup (a Ray run shuts its actor pool down)
+        failed = [r for r in results if not r.ok]
+        if job.tree:
+            if failed:
+                job.tree.add_failures(failed)
+            job.tree.close()
+    return BatchRun(tuple(results), len(job.files) - len(job.todo), time.perf_counter() - start, interrupted)
+
+
+def transcribe_files(paths: Iterable[str | os.PathLike], pair: Pair, options: TranscribeOptions = TranscribeOptions(),
+                     out: str | os.PathLike | None = None, formats: tuple[str, ...] = ("txt",),
+                     ray: RayOptions | None = None, on_result: Callable[[Transcript], None] | None = None) -> BatchRun:
+    """The batch job from Python: ``plan_batch`` then ``run_batch``, in this process or, with ``ray``
+    (``pipelines.scale.RayOptions``), on a Ray actor pool. Raises BatchError before any model loads, and
+    ``pipelines.scale.RayUnavailableError`` when ``ray`` is given but Ray is not installed."""
+    job = plan_batch(paths, pair, options, out, formats)
+    return run_batch(job, _source(job, ray), on_result)
+
+
+def _source(job: BatchJob, ray: RayOptions | None) -> Iterable[Transcript] | None:
+    if ray is None or not job.todo:
+        return None
+    from .scale.ray_batch import transcribe_on_ray
+
+    return transcribe_on_ray(job, ray)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the command
+
+
+def _load_refs(manifest: str | None) -> dict[str, str]:
+    """Reference texts keyed by audio file stem (and by item id)."""
+    if not manifest:
+        return {}
+    from .evalsets import read_manifest
+
+    refs = {}
+    for item in read_manifest(Path(manifest)):
+        refs[item["id"]] = item["reference"]
+        if "audio" in item:
+            refs[Path(item["audio"]).stem] = item["reference"]
+    return refs
+
+
+def _options(language, task, dtype, use_assistant, compare, out, formats, batch_size, timestamps, long_form,
+             lookahead, safeguards) -> TranscribeOptions:
+    """The command's TranscribeOptions; ValueError with one sentence for a bad value."""
+    from .engine import parse_policy
+
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be 1 or more (got {batch_size})")
+    return TranscribeOptions(language=None if language == "auto" else language, task=task, dtype=dtype,
+                             use_assistant=use_assistant, policy=parse_policy(lookahead), **(safeguards or {}),
+                             compare=compare, batch_size=batch_size, long_form=long_form,
+                             timestamps=timestamps or any(f in ("srt", "vtt", "tsv") for f in (formats if out else ())))
+
+
+def _mode(pair: Pair, options: TranscribeOptions, ray: RayOptions | None) -> str:
+    if not pair.uses_assistant or not options.use_assistant:
+        mode = "plain decoding" + ("" if options.use_assistant else " (--no-assistant)")
+    else:
+        mode = f"drafts from {pair.assistant or 'prompt lookup'}"
+    return (f"pair {pair.name}: {pair.main}, {mode}, {options.dtype or pair.dtype}, batch {options.batch_size}"
+            + (", long files in chunks" if options.long_form == "chunked" else "")
+            + (f", on Ray ({ray.describe()})" if ray else ""))
+
+
+def _progress(bar, start: float) -> Callable[[Transcript], None]:
+    audio = [0.0]
+
+    def show(result: Transcript) -> None:
+        name = display(Path(result.path).name)
+        bar.write(f"{name}  [{result.duration:.1f} s audio]  {result.text}" if result.ok else f"{name}  FAILED: {result.error}")
+        audio[0] += result.duration
+        bar.set_postfix(audio=f"{audio[0]:.0f}s", rtf=f"{(time.perf_counter() - start) / max(audio[0], 1e-9):.3f}")
+        bar.update(1)
+
+    return show
+
+
+def summary_lines(run: BatchRun, job: BatchJob, refs: dict[str, str], out: str | None) -> list[str]:
+    """The summary the command prints after a run (files, audio, wall time, acceptance, WER, ...)."""
+    from .metrics import wer
+
+    good = [r for r in run.results if r.ok]
+    audio = sum(r.duration for r in good)
+    lines = ["\nsummary" + (" (interrupted: finished files are kept; run again to resume)" if run.interrupted else ""),
+             f"  files:           {len(run.results)} ({len(run.failed)} failed)"
+             + (f", {run.skipped} skipped (done before)" if run.skipped else ""),
+             f"  audio:           {audio:.1f} s",
+             f"  wall time:       {run.wall:.1f} s (decoding {sum(r.seconds for r in good):.1f} s)"]
+    if audio:
+        lines.append(f"  real-time factor: {run.wall / audio:.3f} (wall / audio; below 1 is faster than real time)")
+    drafted, accepted = sum(r.drafted for r in good), sum(r.accepted for r in good)
+    calls, tokens = sum(r.main_calls for r in good), sum(r.tokens for r in good)
+    if drafted:
+        lines.append(f"  acceptance:      {accepted / drafted:.2f} of {drafted:.0f} drafts, "
+                     f"{tokens / max(calls, 1e-9):.2f} tokens per main-model call")
+    retried, skipped, dropped = (sum(getattr(r, k) for r in good) for k in ("retried", "skipped", "dropped"))
+    if retried or skipped or dropped:
+        lines.append(f"  safeguards:      {retried} windows decoded again hotter, {skipped} skipped as silence, "
+                     f"{dropped} dropped (still repetitive or unlikely at the last temperature)")
+    compared = [r for r in good if r.plain_seconds is not None]
+    if compared:
+        assisted_s = sum(r.decode_seconds for r in compared)
+        plain_s = sum(r.plain_seconds for r in compared)
+        same = sum(bool(r.identical) for r in compared)
+        lines.append(f"  vs plain:        decoder {plain_s / max(assisted_s, 1e-9):.2f}x faster ({plain_s:.1f} s plain, "
+                     f"{assisted_s:.1f} s assisted, encoder excluded), identical outputs {same}/{len(compared)}")
+    scored = [(r.text, refs[Path(r.path).stem]) for r in good if Path(r.path).stem in refs]
+    if scored:
+        score = wer([h for h, _ in scored], [r for _, r in scored], language=job.options.language or "en")
+        lines.append(f"  WER:             {100 * score.value:.2f}% on {score.n} files  [{score.signature}]")
+    if run.failed and job.tree:
+        lines.append(f"  failures:        {Path(out) / 'failures.tsv'}")
+    return lines
+
+
+def run_transcribe(paths: list[str], pair_name: str | None, language: str | None, task: str, dtype: str | None,
+                   refs_manifest: str | None, models: str | None, use_assistant: bool = True,
+                   compare: bool = False, out: str | None = None, formats: tuple[str, ...] = ("txt",),
+                   batch_size: int = 4, timestamps: bool = False, quiet: bool = False,
+                   long_form: str = "sequential", lookahead: str = "adaptive", safeguards: dict | None = None,
+                   ray: RayOptions | None = None) -> int:
+    """``tandem transcribe``: plan, decode (in this process, or on Ray with ``ray``), print; the exit status
+    (0 all done, 1 some failed, 2 the run could not start, 130 interrupted)."""
+    from .registry import load_registry
+
+    registry = load_registry(models)
+    pair = registry.get(pair_name) if pair_name else registry.default("asr")
+    try:
+        options = _options(language, task, dtype, use_assistant, compare, out, formats, batch_size, timestamps,
+                           long_form, lookahead, safeguards)
+        if ray:
+            from .scale import require_ray
+
+            require_ray()  # a missing extra is known before the output folder is taken
+        job = plan_batch(paths, pair, options, out, formats)
+    except (ValueError, BatchError, ImportError) as e:
+        print(f"tandem: {e}", file=sys.stderr)
+        return 2
+    try:
+        return _report(job, ray, quiet, refs_manifest, out)
+    except ConnectionError as e:  # ray.init: no cluster answers at the address given
+        print(f"tandem: cannot join the Ray cluster at {ray.address if ray else '?'}: {e}", file=sys.stderr)
+        return 2
+
+
+def _report(job: BatchJob, ray: RayOptions | None, quiet: bool, refs_manifest: str | None, out: str | None) -> int:
+    """Run the planned job with a progress bar and one line per file, then print the summary; the exit status."""
+    from tqdm import tqdm
+
+    for line in job.collisions:
+        print(line)
+    print(_mode(job.pair, job.options, ray))
+    if job.tree and len(job.todo) < len(job.files):
+        print(f"resuming: {len(job.files) - len(job.todo)} of {len(job.files)} files already done in {out}")
+    bar = tqdm(total=len(job.todo), unit="file", disable=quiet or not job.todo, file=sys.stderr)
+    try:
+        run = run_batch(job, _source(job, ray), _progress(bar, time.perf_counter()))
+    finally:
+        bar.close()
+    for line in summary_lines(run, job, _load_refs(refs_manifest), out):
+        print(line)
+    if run.interrupted:
+        return 130
+    return 1 if run.failed else 0
