@@ -433,12 +433,12 @@ def build_parser() -> argparse.ArgumentParser:
     for task, helptext in (("translate", "translate text (sentences batched through the engine)"),
                            ("summarize", "summarize text (chunked when longer than the model's input)")):
         p = sub.add_parser(task, help=helptext)
-        p.add_argument("text", nargs="*", metavar="TEXT", help="texts (or --file, or standard input)")
+        p.add_argument("text", nargs="*", metavar="TEXT", help="texts ('-' or none: standard input; or --file)")
         p.add_argument("--file", action="append", metavar="FILE", help="read a text from FILE (repeatable)")
         p.add_argument("--pair", help=f"{task} pair from the registry (default: the registry's {task} default)")
         if task == "translate":
-            p.add_argument("--src", help="source language token of the pair (e.g. eng_Latn)")
-            p.add_argument("--tgt", help="target language token of the pair (e.g. fra_Latn)")
+            p.add_argument("--src", help="source language, as the pair lists it (the embedded Qwen pair: en, de, fr, ...; NLLB: eng_Latn)")
+            p.add_argument("--tgt", help="target language, as the pair lists it (e.g. de; NLLB: deu_Latn)")
         else:
             p.add_argument("--long-input", choices=["chunk", "truncate"], default="chunk",
                            help="text longer than the model's input: summarise in chunks (default) or truncate")

@@ -20,37 +20,16 @@ import streamlit as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from pipelines.languages import language_name  # noqa: E402,F401  (the pages show languages by name)
 from pipelines.loading import ModelRef, ModelUnavailableError  # noqa: E402
 from pipelines.registry import Pair, RegistryError, load_registry, missing_offline  # noqa: E402
 
 log = logging.getLogger("tandem.ui")
 TITLES = {"translate": "Translate", "summarize": "Summarize", "asr": "Transcribe"}
-ISO_639_3 = {  # the NLLB / FLORES codes' language part (e.g. eng_Latn) -> English name
-    "eng": "English", "deu": "German", "fra": "French", "spa": "Spanish", "ita": "Italian", "por": "Portuguese",
-    "rus": "Russian", "nld": "Dutch", "zho": "Chinese", "jpn": "Japanese", "kor": "Korean", "arb": "Arabic",
-    "hin": "Hindi", "tur": "Turkish", "pol": "Polish", "ukr": "Ukrainian", "ces": "Czech", "swe": "Swedish",
-    "dan": "Danish", "fin": "Finnish", "ell": "Greek", "heb": "Hebrew", "hun": "Hungarian", "ron": "Romanian",
-    "vie": "Vietnamese", "ind": "Indonesian", "tha": "Thai", "cat": "Catalan", "nob": "Norwegian Bokmål",
-}
-SCRIPTS = {"Hans": "Simplified", "Hant": "Traditional"}
 
 
 def models_file() -> str | None:
     return os.environ.get("TANDEM_MODELS") or None
-
-
-def language_name(code: str) -> str:
-    """A language code as people read it: ``eng_Latn`` -> English, ``zho_Hans`` -> Chinese (Simplified),
-    ``de`` or ``__de__`` -> German; an unknown code is returned as it is."""
-    from transformers.models.whisper.tokenization_whisper import LANGUAGES
-
-    bare = code.strip("_")
-    if bare in LANGUAGES:
-        return LANGUAGES[bare].title()
-    lang, _, script = bare.partition("_")
-    if lang in ISO_639_3:
-        return ISO_639_3[lang] + (f" ({SCRIPTS[script]})" if script in SCRIPTS else "")
-    return code
 
 
 @st.cache_resource(show_spinner="Loading the models (once per pair)...")
