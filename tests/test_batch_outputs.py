@@ -24,12 +24,12 @@ def clips(speech_real):
 
 def _no_models(monkeypatch):
     """Fail the test if a model would load (checks must come first)."""
-    from pipelines import asr
+    from pipelines.asr import batching
 
     def refuse(*a, **k):
         raise AssertionError("a model was loaded before the run's checks")
 
-    monkeypatch.setattr(asr, "WhisperRunner", refuse)
+    monkeypatch.setattr(batching, "WhisperRunner", refuse)
 
 
 def test_undecodable_name_next_to_a_good_file(tmp_path, clips, capsys):

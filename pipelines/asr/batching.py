@@ -1,0 +1,240 @@
+"""The transcription loop: files as cursors, windows (or chunks) of several files decoded in one batch
+through the engine, safeguards applied, segments appended; ``transcribe`` is the public entry point."""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..audio import SAMPLE_RATE, AudioDecodeError
+from ..inputs import find_audio
+from ..engine import DecodeStats
+from ..safeguards import MIN_AUDIO_SECONDS, decide
+from ..registry import Pair
+from .options import Progress, Segment, TranscribeOptions, Transcript
+from .runner import WhisperRunner
+from .segments import describe_segments, clamp_segments, segments_from_tokens, split_at_pauses, tighten_segments
+from .windows import WindowReader, is_silent_window, quiet_cut, voiced_frames
+
+
+@dataclass
+class _Cursor:
+    """One file being decoded: where it is and what it has produced."""
+
+    path: Path
+    reader: WindowReader
+    single: bool  # the file fits one window
+    seek: int = 0  # sample where the next window starts
+    segments: list[Segment] = field(default_factory=list)
+    language: str | None = None
+    prompt: list[int] | None = None
+    seconds: float = 0.0
+    decode_seconds: float = 0.0
+    plain_seconds: float = 0.0
+    identical: bool = True
+    tokens: int = 0
+    main_calls: float = 0.0
+    drafted: float = 0.0
+    accepted: float = 0.0
+    done: bool = False
+    retried: int = 0
+    skipped: int = 0
+    dropped: int = 0
+    hist: Counter = field(default_factory=Counter)  # accepted drafts per round -> rounds
+    leftovers: list[tuple[int, np.ndarray]] = field(default_factory=list)  # chunked: (start, samples) to redo
+
+
+def _open(path: Path, options: TranscribeOptions) -> _Cursor:
+    reader = WindowReader(path)
+    return _Cursor(path, reader, single=reader.is_single_window() and not options.timestamps)
+
+
+def _finish(cur: _Cursor, compare: bool) -> Transcript:
+    cur.segments.sort(key=lambda seg: seg.start)  # chunked mode may decode a leftover after later chunks
+    text = " ".join(s.text for s in cur.segments).strip()
+    return Transcript(
+        str(cur.path), text, cur.reader.known_length / SAMPLE_RATE, cur.seconds, None, tuple(cur.segments),
+        cur.language, cur.tokens, cur.main_calls, cur.drafted, cur.accepted, cur.decode_seconds,
+        cur.plain_seconds if compare else None, cur.identical if compare else None, cur.retried, cur.skipped, cur.dropped,
+        dict(sorted(cur.hist.items())),
+    )
+
+
+def _in_chunks(cur: _Cursor, options: TranscribeOptions) -> bool:
+    """Whether this file is cut into independent chunks (chunked mode, longer than one window)."""
+    return options.long_form == "chunked" and not cur.single
+
+
+def _next_chunk(cur: _Cursor, options: TranscribeOptions) -> tuple[int, np.ndarray] | None:
+    """The cursor's next piece of audio to decode: (start sample, samples), or None when the file is done.
+    Sequential mode gives the 30 s window at the seek (the seek moves after decoding, by the timestamps);
+    chunked mode cuts the window at a pause (``quiet_cut``) and moves the seek past it now."""
+    if cur.leftovers:
+        return cur.leftovers.pop(0)
+    audio = cur.reader.window(cur.seek)
+    if len(audio) == 0:
+        return None
+    start = cur.seek
+    if _in_chunks(cur, options):
+        last = cur.reader.ended and start + len(audio) >= cur.reader.known_length
+        audio = audio if last else audio[: quiet_cut(audio)]
+        cur.seek += len(audio)
+    return start, audio
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """Audio of one file to decode in this step."""
+
+    cursor: _Cursor
+    start: int  # sample of the file where it starts
+    audio: np.ndarray
+    encoded: object = None  # its encoder output when language detection already computed it
+
+
+def _gather(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptions) -> dict[bool, list[_Piece]]:
+    """The pieces to decode in this step, by timestamp mode: one window per file (sequential), or in
+    chunked mode as many chunks of the active files as fill the batch. Silent pieces are skipped. A
+    file's first piece detects its language (``language=None``) and keeps that encoder output."""
+    work: dict[bool, list[_Piece]] = {True: [], False: []}
+    for cur in active:
+        while not cur.done and sum(map(len, work.values())) < max(1, options.batch_size):
+            piece = _next_chunk(cur, options)
+            if piece is None:
+                break
+            start, audio = piece
+            too_short = cur.reader.ended and cur.reader.known_length < MIN_AUDIO_SECONDS * SAMPLE_RATE
+            if is_silent_window(audio) or too_short:
+                if not _in_chunks(cur, options):
+                    cur.seek += len(audio)
+                cur.done = cur.reader.ended and cur.seek >= cur.reader.known_length
+                continue
+            hidden = None
+            if cur.prompt is None:
+                if options.language is None and runner.multilingual:
+                    hidden = runner.encode(runner.feats([audio]))[0]
+                    cur.language = runner.language_of(hidden[None])
+                else:
+                    cur.language = options.language or "en"
+                cur.prompt = runner.prompt(cur.language, options.task, timestamps=not cur.single)
+            work[not cur.single].append(_Piece(cur, start, audio, hidden))
+            if not _in_chunks(cur, options):
+                break  # sequential: the next window depends on this one's timestamps
+    return work
+
+
+def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptions) -> int:
+    """Advance every active cursor: its next window (or chunks) decoded together with the other files',
+    under Whisper's safeguards (``safeguards.decide``). Returns how many windows (or chunks) were decoded."""
+    work = _gather(runner, active, options)
+    eot = runner.model.generation_config.eos_token_id
+    for timestamps, items in work.items():
+        if not items:
+            continue
+        # batch rows must share the prompt length (same model, same mode: always true here)
+        enc, encode_s = runner.encode_windows([p.audio for p in items], [p.encoded for p in items])
+        seeds = [zlib.crc32(f"{p.cursor.path}:{p.start}".encode("utf-8", "surrogateescape")) for p in items]
+        verdicts, calls = decide(runner, enc, [p.cursor.prompt for p in items], timestamps, options, seeds)
+        for rows, result in calls:
+            for j, r in enumerate(rows):
+                _account(items[r].cursor, result, j, 1.0 / len(rows))
+            for cur in {id(items[r].cursor): items[r].cursor for r in rows}.values():
+                cur.hist.update(result.stats.accepted_hist)
+        for piece, verdict in zip(items, verdicts):
+            cur, start, audio = piece.cursor, piece.start, piece.audio
+            cur.seconds += encode_s / len(items)
+            cur.retried += verdict.retried > 0
+            cur.skipped += verdict.skipped
+            cur.dropped += verdict.dropped
+            tokens = [t for t in verdict.tokens if t != eot]
+            offset = start / SAMPLE_RATE
+            length = len(audio) / SAMPLE_RATE
+            if verdict.skipped or verdict.dropped:
+                segs, advance = [], length  # nothing said (or nothing worth keeping) in this window
+            elif timestamps:
+                segs, advance = segments_from_tokens(tokens, runner.timestamp_begin, offset, length,
+                                                     runner.tokenizer.decode)
+            else:
+                text = runner.text_of(tokens)
+                segs, advance = ([Segment(round(offset, 2), round(offset + length, 2), text)] if text else []), length
+            voiced = voiced_frames(audio)
+            segs = split_at_pauses(tighten_segments(segs, voiced, offset), voiced, offset)
+            cur.segments += describe_segments(clamp_segments(segs, offset + length), verdict, options.no_speech_threshold)
+            if not _in_chunks(cur, options):
+                cur.seek += max(1, int(round(advance * SAMPLE_RATE)))
+            else:
+                _keep_leftover(cur, start, audio, advance, voiced)
+    for cur in active:
+        cur.done = not cur.leftovers and cur.reader.ended and cur.seek >= cur.reader.known_length
+    return sum(map(len, work.values()))
+
+
+def _keep_leftover(cur: _Cursor, start: int, audio: np.ndarray, advance: float, voiced: np.ndarray) -> None:
+    """Chunked mode: Whisper stopped at a complete segment before the chunk's end (its sequential
+    algorithm would seek there). If 0.2 s or more of voice (``voiced``: the chunk's ``voiced_frames``)
+    remains after that point, decode the rest as a chunk of its own."""
+    cut = int(round(advance * SAMPLE_RATE))
+    if 0 < cut and len(audio) - cut >= SAMPLE_RATE and voiced[cut // (SAMPLE_RATE // 100):].sum() >= 20:
+        cur.leftovers.append((start + cut, audio[cut:]))
+
+
+def _account(cur: _Cursor, result, row: int, share: float) -> None:
+    stats: DecodeStats = result.stats
+    cur.seconds += stats.total_s * share
+    cur.decode_seconds += (stats.total_s - stats.encode_s) * share
+    cur.tokens += len(result.tokens[row])
+    cur.main_calls += stats.row_calls * share
+    cur.drafted += stats.drafted * share
+    cur.accepted += stats.accepted * share
+    if result.identical is not None:
+        cur.identical = cur.identical and result.identical[row]
+        cur.plain_seconds += result.plain_stats.total_s * share
+
+
+def _audio_done(cur: _Cursor) -> float:
+    """Seconds of the file behind its cursor (chunked mode: less the leftovers still to decode)."""
+    pending = sum(len(audio) for _, audio in cur.leftovers)
+    return max(0, min(cur.seek, cur.reader.known_length) - pending) / SAMPLE_RATE
+
+
+def transcribe(paths: Iterable[str | Path], pair: Pair, options: TranscribeOptions = TranscribeOptions(),
+               runner: WhisperRunner | None = None,
+               progress: Callable[[Progress], None] | None = None) -> Iterator[Transcript]:
+    """Transcribe files, ``options.batch_size`` at a time; yields one Transcript per file as it finishes
+    (a file that cannot be decoded yields one with ``error`` set, and the run goes on). ``progress`` is
+    called after each decoding step (a caller may stop the run there by raising). Raises LanguageError
+    before any decoding when the pair's model cannot take ``options.language`` or ``options.task``."""
+    runner = runner or WhisperRunner(pair, options.dtype)
+    runner.check_language(options)
+    queue = list(find_audio(paths))
+    active: list[_Cursor] = []
+    begun, windows, files_done, finished_audio = time.perf_counter(), 0, 0, 0.0
+    while queue or active:
+        while queue and len(active) < max(1, options.batch_size):
+            path = queue.pop(0)
+            t0 = time.perf_counter()
+            try:
+                active.append(_open(path, options))
+            except AudioDecodeError as exc:
+                yield Transcript(str(path), "", 0.0, time.perf_counter() - t0, error=exc.reason)
+            except OSError as exc:  # unreadable in a way the checks did not foresee: this file fails, the run goes on
+                yield Transcript(str(path), "", 0.0, time.perf_counter() - t0, error=f"cannot be read ({exc.strerror or exc})")
+        if not active:
+            continue
+        windows += _step(runner, active, options)
+        for cur in [c for c in active if c.done]:
+            files_done += 1
+            finished_audio += cur.reader.known_length / SAMPLE_RATE
+        if progress is not None:
+            progress(Progress(windows, files_done, finished_audio + sum(_audio_done(c) for c in active if not c.done),
+                              finished_audio + sum(c.reader.known_length for c in active if not c.done) / SAMPLE_RATE,
+                              time.perf_counter() - begun))
+        for cur in [c for c in active if c.done]:
+            active.remove(cur)
+            yield _finish(cur, options.compare and options.use_assistant)

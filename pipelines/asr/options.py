@@ -1,0 +1,99 @@
+"""What a transcription is asked to do and what it gives back: options, segments, transcripts, progress."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+from ..audio import SAMPLE_RATE
+from ..engine import PolicyOptions
+from ..safeguards import TEMPERATURES, check_options
+
+
+WINDOW_SECONDS = 30.0  # Whisper's input window
+WINDOW = int(WINDOW_SECONDS * SAMPLE_RATE)
+TIME_PRECISION = 0.02  # seconds per timestamp token
+SILENCE_RMS = 1e-4  # a window quieter than this (root mean square) is silence: nothing to decode
+CHUNK_MIN_SECONDS = 15.0  # chunked long-form: a chunk cut at a pause is at least this long
+CHUNK_MAX_SECONDS = 26.0  # and at most this long (speech in Whisper's last ~3 s is often left for the next window)
+LONG_FORMS = ("sequential", "chunked")
+
+
+class LanguageError(ValueError):
+    """The pair's model cannot take the asked language or task (e.g. German on an English-only model)."""
+
+
+@dataclass(frozen=True)
+class TranscribeOptions:
+    language: str | None = "en"  # a language code ("en", "de", ...), or None to detect per file
+    task: str = "transcribe"  # "transcribe" or "translate" (into English)
+    dtype: str | None = None  # compute dtype; None takes the pair's
+    max_new_tokens: int = 440  # per 30 s window (Whisper allows 448 positions including the prompt)
+    use_assistant: bool = True  # False: plain decoding with the same main model
+    compare: bool = False  # also decode plainly, to time it and check the outputs are identical
+    batch_size: int = 4  # windows of different files decoded together
+    timestamps: bool = False  # timestamp tokens even for files of one window (always on for longer files)
+    policy: PolicyOptions = PolicyOptions()  # how many tokens the assistant drafts each round
+    long_form: str = "sequential"  # files over 30 s: "sequential" (Whisper's seek) or "chunked" (cut at pauses, batched)
+    # Whisper's safeguards (see pipelines/safeguards.py; None turns a check off)
+    temperature: tuple[float, ...] = TEMPERATURES  # the first decodes greedily, each fallback samples at the next
+    compression_ratio_threshold: float | None = 2.4  # text more repetitive than this: fall back
+    logprob_threshold: float | None = -1.0  # average log-probability below this: fall back
+    no_speech_threshold: float | None = 0.6  # p(no speech) above this (and a low avg_logprob): silence, skipped
+
+    def __post_init__(self) -> None:
+        check_options(self)
+        if self.long_form not in LONG_FORMS:
+            raise ValueError(f"long_form must be one of {', '.join(LONG_FORMS)}, not {self.long_form!r}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, not {self.batch_size}")
+
+
+@dataclass(frozen=True)
+class Segment:
+    start: float  # seconds from the start of the file
+    end: float
+    text: str
+    avg_logprob: float | None = None  # of the window it came from (safeguards.avg_logprob)
+    no_speech_prob: float | None = None  # p(no speech) at the window's first decoding step
+    compression_ratio: float | None = None  # of the window's text
+    temperature: float | None = None  # of the window's kept decode (above 0: a fallback)
+    no_speech: bool = False  # p(no speech) was above no_speech_threshold; kept because the text was confident
+
+
+@dataclass(frozen=True)
+class Transcript:
+    path: str  # the input file
+    text: str  # the transcript ("" for silence or on error)
+    duration: float  # seconds of audio
+    seconds: float  # wall time spent decoding this file's windows (its share of each batch)
+    error: str | None = None  # why the file failed, or None
+    segments: tuple[Segment, ...] = ()
+    language: str | None = None
+    tokens: int = 0  # tokens emitted
+    main_calls: float = 0.0  # main-model passes this file's windows took part in (its share of each batch's)
+    drafted: float = 0.0  # draft tokens proposed (its share)
+    accepted: float = 0.0  # draft tokens accepted (its share)
+    decode_seconds: float = 0.0  # decoder time, encoder excluded (its share)
+    plain_seconds: float | None = None  # with compare: plain decoder time for the same windows
+    identical: bool | None = None  # with compare: assisted tokens == plain tokens in every window
+    retried: int = 0  # windows decoded again at a higher temperature (safeguards)
+    skipped: int = 0  # windows skipped as silence (no_speech_threshold)
+    dropped: int = 0  # windows dropped: still repetitive or unlikely at the last temperature
+    accepted_hist: dict[int, int] = field(default_factory=dict)  # drafts accepted in a round -> rounds (of the
+    #                                                              batches the file took part in; exact for one file)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a ``transcribe`` call stands, reported after each decoding step (``transcribe(progress=...)``)."""
+
+    windows: int  # 30 s windows (or chunks) decoded so far, all files
+    files_done: int  # files decoded to the end
+    audio_done: float  # seconds of audio decoded so far: finished files, and the active files up to their cursor
+    audio_known: float  # seconds of audio read so far (a file counts in full once read to its end)
+    elapsed: float  # seconds since the call started

@@ -1,0 +1,135 @@
+"""``WhisperRunner``: one ASR pair loaded once, its features, encoder pass, prompts and decoding rules."""
+
+from __future__ import annotations
+
+import time
+from functools import cached_property
+
+import numpy as np
+
+from ..audio import SAMPLE_RATE
+from ..engine import DecodeOptions, EncoderOutput, Rules, Sampling, TimestampRules, rules_from_generation_config
+from ..pairs import load_pair
+from ..registry import Pair
+from .options import LanguageError, TranscribeOptions
+
+
+class WhisperRunner:
+    """Holds one pair's models, tokenizer and feature extractor; never mutated per request."""
+
+    def __init__(self, pair: Pair, dtype: str | None = None) -> None:
+        import torch
+        from transformers import WhisperFeatureExtractor
+
+        from ..loading import resolve
+
+        self.pair = pair
+        self.loaded = load_pair(pair, dtype)
+        self.model = self.loaded.main_model
+        self.tokenizer = self.loaded.tokenizer
+        where, kwargs = resolve(pair.main)
+        self.features = WhisperFeatureExtractor.from_pretrained(where, **kwargs)
+        self._torch = torch
+
+    @cached_property
+    def multilingual(self) -> bool:
+        """False for an English-only (``.en``) model: no language or task token, language always English."""
+        return bool(getattr(self.model.generation_config, "is_multilingual", False))
+
+    def check_language(self, options: TranscribeOptions) -> None:
+        """Raise LanguageError (one sentence) when the model cannot do what ``options`` ask: an English-only
+        model given a language other than English (or None, which it takes as English) or the translate
+        task, a multilingual model given a language it has no token for."""
+        name = self.pair.name
+        if not self.multilingual:
+            if options.language not in (None, "en"):
+                raise LanguageError(f"pair {name!r} is English-only: the language must be en or auto, "
+                                    f"not {options.language!r} (choose a multilingual pair)")
+            if options.task != "transcribe":
+                raise LanguageError(f"pair {name!r} is English-only: it cannot {options.task} (choose a multilingual pair)")
+        elif options.language is not None and f"<|{options.language}|>" not in self.model.generation_config.lang_to_id:
+            raise LanguageError(f"language {options.language!r} is not one pair {name!r} knows")
+
+    @cached_property
+    def timestamp_begin(self) -> int:
+        return self.model.generation_config.no_timestamps_token_id + 1
+
+    def encode(self, features):
+        """The main encoder's output for these log-mel features (``feats``), (windows, frames, d_model)."""
+        with self._torch.inference_mode():
+            return self.loaded.plain.main.encode(input_features=features).hidden
+
+    def language_of(self, hidden) -> str:
+        """Whisper's language detection from one window's encoder output (``encode``), so that the
+        window's encoder pass also serves its decoding."""
+        from transformers.modeling_outputs import BaseModelOutput
+
+        with self._torch.inference_mode():
+            lang_id = int(self.model.detect_language(encoder_outputs=BaseModelOutput(last_hidden_state=hidden))[0])
+        return self.tokenizer.convert_ids_to_tokens(lang_id)[2:-2]
+
+    def prompt(self, language: str | None, task: str, timestamps: bool) -> list[int]:
+        """<|startoftranscript|> [<|lang|> <|task|>] [<|notimestamps|>]."""
+        gen = self.model.generation_config
+        tokens = [gen.decoder_start_token_id]
+        if self.multilingual:
+            key = f"<|{language or 'en'}|>"
+            if key not in gen.lang_to_id:
+                raise ValueError(f"language {language!r} is not one this model knows")
+            tokens += [gen.lang_to_id[key], gen.task_to_id[task]]
+        return tokens if timestamps else tokens + [gen.no_timestamps_token_id]
+
+    def rules(self, prompt_len: int, timestamps: bool, max_new: int) -> Rules:
+        from dataclasses import replace
+
+        rules = rules_from_generation_config(self.model.generation_config, prompt_len, max_new)
+        if timestamps:
+            rules = replace(rules, timestamps=TimestampRules.from_generation_config(self.model.generation_config, prompt_len))
+        return rules
+
+    def feats(self, windows: list[np.ndarray]):
+        x = self.features(windows, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
+        return x.to(self.model.dtype)
+
+    @cached_property
+    def no_speech_id(self) -> int | None:
+        """<|nospeech|> (<|nocaptions|> in the older vocabularies), or None when the model has neither."""
+        vocab = self.tokenizer.get_vocab()
+        return next((vocab[t] for t in ("<|nospeech|>", "<|nocaptions|>") if t in vocab), None)
+
+    def encode_windows(self, windows: list[np.ndarray], encoded: list | None = None) -> tuple[EncoderOutput, float]:
+        """The encoder output for ``windows`` (windows, frames, d_model), reusing the ones already computed
+        (``encoded``: per window, a language detection's output or None), and the seconds it took."""
+        start = time.perf_counter()
+        x = self.feats(windows)
+        encoded = encoded or [None] * len(windows)
+        missing = [i for i, h in enumerate(encoded) if h is None]
+        fresh = iter(self.encode(x[missing]) if missing else [])
+        hidden = self._torch.stack([h if h is not None else next(fresh) for h in encoded])
+        return EncoderOutput(hidden, None), time.perf_counter() - start
+
+    def no_speech_probs(self, result) -> list[float | None]:
+        """p(<|nospeech|>) at the first decoding step of each window (Whisper's no_speech_prob): the softmax
+        of the main model's logits at <|startoftranscript|>, which the engine returns with the decode
+        (``decode_encoded(..., no_speech=True)``)."""
+        if self.no_speech_id is None or result.prompt_logits is None:
+            return [None] * len(result.tokens)
+        return self._torch.softmax(result.prompt_logits, dim=-1)[:, self.no_speech_id].tolist()
+
+    def decode_encoded(self, enc: EncoderOutput, prompts: list[list[int]], timestamps: bool, options: TranscribeOptions,
+                       temperature: float = 0.0, seed: int | None = None, no_speech: bool = False):
+        """One engine call over encoded windows of several files (same prompt length): greedy at temperature 0
+        (with compare, also plainly), else speculative sampling at ``temperature``. ``no_speech``: also return
+        the logits at <|startoftranscript|> (``no_speech_probs``)."""
+        rules = self.rules(len(prompts[0]), timestamps, options.max_new_tokens)
+        sampled = temperature > 0
+        decode_options = DecodeOptions(max_new_tokens=options.max_new_tokens, policy=options.policy, do_sample=sampled,
+                                       sampling=Sampling(temperature=temperature) if sampled else Sampling(), seed=seed,
+                                       compare_plain=options.compare and options.use_assistant and not sampled,
+                                       logits_at=prompts[0].index(self.model.generation_config.decoder_start_token_id)
+                                       if no_speech else None)
+        engine = self.loaded.engine if options.use_assistant else self.loaded.plain
+        return engine.generate(prompts, rules, decode_options, encoder_output=enc)
+
+    def text_of(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True).strip()

@@ -1,0 +1,88 @@
+"""Audio windows: streaming 30 s windows from a file, the energy detector (frame RMS, voiced frames, silence)
+and where to cut a chunk at a pause."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..audio import SAMPLE_RATE, stream_audio
+from .options import CHUNK_MAX_SECONDS, CHUNK_MIN_SECONDS, SILENCE_RMS, WINDOW, WINDOW_SECONDS
+
+
+class WindowReader:
+    """Streams a file and serves 30 s windows from any later start; samples before it are dropped."""
+
+    def __init__(self, path: Path) -> None:
+        self._blocks = stream_audio(path, block_seconds=WINDOW_SECONDS)
+        self._buf = np.zeros(0, dtype=np.float32)
+        self._start = 0  # sample index of _buf[0]
+        self._ended = False
+        self._fill(WINDOW + 1)  # decode errors surface here, before any work is done
+
+    def _fill(self, end: int) -> None:
+        while not self._ended and self._start + len(self._buf) < end:
+            try:
+                self._buf = np.concatenate([self._buf, next(self._blocks)])
+            except StopIteration:
+                self._ended = True
+
+    @property
+    def known_length(self) -> int:
+        """Samples read so far (the whole file once ``ended``)."""
+        return self._start + len(self._buf)
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    def window(self, start: int) -> np.ndarray:
+        self._fill(start + WINDOW + 1)
+        drop = max(0, start - self._start)
+        self._buf, self._start = self._buf[drop:], self._start + drop
+        return self._buf[: WINDOW]
+
+    def is_single_window(self) -> bool:
+        self._fill(WINDOW + 1)
+        return self._ended and self.known_length <= WINDOW
+
+
+def frame_rms(audio: np.ndarray) -> np.ndarray:
+    """Root mean square of each whole 10 ms frame, in ``audio``'s dtype."""
+    hop = SAMPLE_RATE // 100
+    n = len(audio) // hop
+    return np.sqrt(np.mean(np.square(audio[: n * hop].reshape(n, hop)), axis=1))
+
+
+def voiced_frames(audio: np.ndarray) -> np.ndarray:
+    """Per 10 ms frame: louder than 5% of the window's loud frames (95th percentile RMS) and than 1e-3 RMS."""
+    rms = frame_rms(audio)
+    if len(rms) == 0:
+        return np.zeros(0, dtype=bool)
+    return rms > max(1e-3, 0.05 * float(np.percentile(rms, 95)))
+
+
+def quiet_cut(window: np.ndarray, min_seconds: float = CHUNK_MIN_SECONDS, max_seconds: float = CHUNK_MAX_SECONDS) -> int:
+    """Where to end a chunk that starts at ``window[0]`` when the file goes on past the window: in the
+    middle of the latest of the quietest pauses after ``min_seconds`` (samples from the window's start).
+
+    Frame energy r_i is the RMS of 10 ms frame i, smoothed over 21 frames: e_i = mean(r_{i-10..i+10}).
+    Frames with e_i <= 1.5 * min(e) + 1e-4 between min_seconds and max_seconds (and 0.1 s before the
+    window's end) are quiet; the cut goes mid-way through the last run of quiet frames (later = fewer,
+    longer chunks)."""
+    hop = SAMPLE_RATE // 100
+    n = len(window) // hop
+    lo, hi = int(min_seconds * 100), min(n - 10, int(max_seconds * 100))
+    if hi <= lo:
+        return len(window)
+    energy = np.convolve(frame_rms(window.astype(np.float64)), np.ones(21) / 21, mode="same")[lo:hi]
+    quiet = np.flatnonzero(energy <= 1.5 * float(energy.min()) + 1e-4)
+    last = first = int(quiet[-1])
+    while first > 0 and energy[first - 1] <= 1.5 * float(energy.min()) + 1e-4:
+        first -= 1
+    return (lo + (first + last) // 2) * hop
+
+
+def is_silent_window(audio: np.ndarray) -> bool:
+    return float(np.sqrt(np.mean(np.square(audio)))) < SILENCE_RMS
