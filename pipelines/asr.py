@@ -36,6 +36,7 @@ from .engine import (
 from .safeguards import MIN_AUDIO_SECONDS, TEMPERATURES, WindowVerdict, check_options, decide
 from .pairs import load_pair
 from .registry import Pair
+from .vad import filter_speech, require_vad
 
 WINDOW_SECONDS = 30.0  # Whisper's input window
 WINDOW = int(WINDOW_SECONDS * SAMPLE_RATE)
@@ -67,6 +68,7 @@ class TranscribeOptions:
     compression_ratio_threshold: float | None = 2.4  # text more repetitive than this: fall back
     logprob_threshold: float | None = -1.0  # average log-probability below this: fall back
     no_speech_threshold: float | None = 0.6  # p(no speech) above this (and a low avg_logprob): silence, skipped
+    vad_filter: bool = False  # Silero VAD first: audio outside speech set to zero, not decoded (pipelines/vad.py)
 
     def __post_init__(self) -> None:
         check_options(self)
@@ -522,7 +524,7 @@ def _gather(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOpt
             piece = _next_chunk(cur, options)
             if piece is None:
                 break
-            start, audio = piece
+            start, audio = piece[0], filter_speech(piece[1], options.vad_filter)
             too_short = cur.reader.ended and cur.reader.known_length < MIN_AUDIO_SECONDS * SAMPLE_RATE
             if _is_silent(audio) or too_short:
                 if not _in_chunks(cur, options):
@@ -650,6 +652,7 @@ def transcribe(paths: Iterable[str | Path], pair: Pair, options: TranscribeOptio
     before any decoding when the pair's model cannot take ``options.language`` or ``options.task``."""
     runner = runner or WhisperRunner(pair, options.dtype)
     runner.check_language(options)
+    require_vad(options.vad_filter)
     queue = list(find_audio(paths))
     active: list[_Cursor] = []
     begun, windows, files_done, finished_audio = time.perf_counter(), 0, 0, 0.0
