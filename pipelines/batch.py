@@ -27,6 +27,7 @@ from .asr import Transcript, TranscribeOptions, transcribe
 from .inputs import display, find_inputs
 from .outputs import OutputError, OutputTree, run_signature
 from .registry import Pair
+from .vad import require_vad
 
 if TYPE_CHECKING:
     from .scale.ray_batch import RayOptions
@@ -254,6 +255,7 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
             from .scale import require_ray
 
             require_ray()  # a missing extra is known before the output folder is taken
+        require_vad(options.vad_filter)  # likewise
         job = plan_batch(paths, pair, options, out, formats)
     except (ValueError, BatchError, ImportError) as e:
         print(f"tandem: {e}", file=sys.stderr)

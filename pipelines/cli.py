@@ -123,7 +123,8 @@ def _temperatures(text: str) -> tuple[float, ...]:
 
 def _safeguards(args: argparse.Namespace) -> dict:
     return {"temperature": args.temperature, "compression_ratio_threshold": args.compression_ratio_threshold,
-            "logprob_threshold": args.logprob_threshold, "no_speech_threshold": args.no_speech_threshold}
+            "logprob_threshold": args.logprob_threshold, "no_speech_threshold": args.no_speech_threshold,
+            "vad_filter": args.vad_filter}
 
 
 def cmd_transcribe(args: argparse.Namespace) -> int:
@@ -416,6 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-speech-threshold", type=_threshold, default=0.6, metavar="P",
                    help="skip a window as silence when p(no speech) is above P and the average log-probability is "
                         "below --logprob-threshold (default: 0.6; 'off')")
+    p.add_argument("--vad-filter", action=argparse.BooleanOptionalAction, default=False,
+                   help="Silero voice-activity filter before decoding (faster-whisper's model; pip install -e "
+                        "'.[vad]'): audio outside speech is not decoded, timestamps stay the file's (default: off)")
     p.add_argument("--ray", nargs="?", const="auto", metavar="auto|local|ADDRESS",
                    help="decode on a Ray actor pool (needs pip install -e '.[scale]'): auto (the cluster this machine "
                         "belongs to or $RAY_ADDRESS, else a local one; the default when --ray has no value), local (a "

@@ -104,6 +104,8 @@ def run_signature(pair_name: str, options) -> str:
             "assistant": options.use_assistant, "timestamps": options.timestamps, "max_new": options.max_new_tokens,
             "long_form": options.long_form, "temperature": list(options.temperature),
             "thresholds": [options.compression_ratio_threshold, options.logprob_threshold, options.no_speech_threshold]}
+    if options.vad_filter:  # only when on: folders written before the filter existed keep their signature
+        keys["vad"] = "silero"
     return hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:16]
 
 

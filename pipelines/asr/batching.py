@@ -17,6 +17,7 @@ from ..inputs import find_audio
 from ..engine import DecodeStats
 from ..safeguards import MIN_AUDIO_SECONDS, decide
 from ..registry import Pair
+from ..vad import filter_speech, require_vad
 from .options import Progress, Segment, TranscribeOptions, Transcript
 from .runner import WhisperRunner
 from .segments import describe_segments, clamp_segments, segments_from_tokens, split_at_pauses, tighten_segments
@@ -108,7 +109,7 @@ def _gather(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOpt
             piece = _next_chunk(cur, options)
             if piece is None:
                 break
-            start, audio = piece
+            start, audio = piece[0], filter_speech(piece[1], options.vad_filter)
             too_short = cur.reader.ended and cur.reader.known_length < MIN_AUDIO_SECONDS * SAMPLE_RATE
             if is_silent_window(audio) or too_short:
                 if not _in_chunks(cur, options):
@@ -210,6 +211,7 @@ def transcribe(paths: Iterable[str | Path], pair: Pair, options: TranscribeOptio
     (a file that cannot be decoded yields one with ``error`` set, and the run goes on). ``progress`` is
     called after each decoding step (a caller may stop the run there by raising). Raises LanguageError
     before any decoding when the pair's model cannot take ``options.language`` or ``options.task``."""
+    require_vad(options.vad_filter)  # before any model loads
     runner = runner or WhisperRunner(pair, options.dtype)
     runner.check_language(options)
     queue = list(find_audio(paths))

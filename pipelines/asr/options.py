@@ -40,6 +40,7 @@ class TranscribeOptions:
     compression_ratio_threshold: float | None = 2.4  # text more repetitive than this: fall back
     logprob_threshold: float | None = -1.0  # average log-probability below this: fall back
     no_speech_threshold: float | None = 0.6  # p(no speech) above this (and a low avg_logprob): silence, skipped
+    vad_filter: bool = False  # Silero VAD first: audio outside speech set to zero, not decoded (pipelines/vad.py)
 
     def __post_init__(self) -> None:
         check_options(self)
