@@ -102,21 +102,14 @@ def test_ui_stops_with_its_streamlit_child_on_sigterm(tmp_path):
     import signal
     import socket
     import time
-    import urllib.request
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from ui_server import free_port, wait_healthy
+
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "ui", "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        for _ in range(120):
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=1).read() == b"ok":
-                    break
-            except OSError:
-                time.sleep(0.5)
-        else:
+        if not wait_healthy(f"http://127.0.0.1:{port}"):
             raise AssertionError("tandem ui did not start")
         children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
         assert children, "tandem ui runs the server as a child process"
