@@ -10,11 +10,8 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -25,30 +22,20 @@ from pipelines.paths import PROJECT_ROOT
 from pipelines.registry import load_registry
 from pipelines.text import TextOptions, TextRunner
 
+from ui_server import free_port, wait_healthy
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (apt-get install chromium)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def server(local_models_file):
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, TANDEM_MODELS=str(local_models_file), HF_HUB_OFFLINE="1")
     proc = subprocess.Popen(ui_command(port), cwd=PROJECT_ROOT / "ui", env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(120):
-        try:
-            if urllib.request.urlopen(f"{url}/_stcore/health", timeout=1).read() == b"ok":
-                break
-        except OSError:
-            time.sleep(0.5)
-    else:
+    if not wait_healthy(url):
         proc.kill()
         pytest.fail(f"the app did not start: {proc.stdout.read().decode()[-2000:]}")
     yield url
@@ -162,7 +149,8 @@ def test_the_pages_in_a_real_browser(server, local_models_file, speech_real, tmp
         _fill(page, "Text", "Typed, then straight to another page.")
         _nav(page, "Summarize")
         _nav(page, "Translate")
-        assert page.get_by_label("Text", exact=True).input_value() == "Typed, then straight to another page."
+        # the page's widgets fill in after its heading: wait for the value rather than read it at once
+        expect(page.get_by_label("Text", exact=True)).to_have_value("Typed, then straight to another page.", timeout=15000)
         page.screenshot(path=str(shots / "translate.png"), full_page=True)
 
         # Transcribe: an upload, the transcript and the four downloads (the CLI's writers)
