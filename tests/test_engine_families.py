@@ -68,7 +68,7 @@ def test_enc_dec_families(kind, draft):
 
 
 @pytest.mark.parametrize("kind", CAUSAL)
-@pytest.mark.parametrize("draft", ["model", "self", "prompt-lookup"])
+@pytest.mark.parametrize("draft", ["model", "model-int8", "self", "prompt-lookup"])
 def test_causal_families(kind, draft):
     main = make_causal(kind, layers=2, seed=0)
     ids, mask = sources(5, seed=3)
@@ -82,7 +82,8 @@ def test_causal_families(kind, draft):
         drafter = prompt_lookup(ngram=3)
     else:
         helper = main if draft == "self" else make_causal(kind, layers=1, seed=5)
-        drafter = model_drafter(as_decoder(helper), share_encoder=False, pad_id=pad)
+        # model-int8: the lean int8 drafter (Llama layout; GPT-2 falls back to the transformers forward)
+        drafter = model_drafter(as_decoder(helper, assistant=True, int8=draft == "model-int8"), share_encoder=False, pad_id=pad)
     engine = AssistedDecoder(as_decoder(main), drafter, pad_id=pad)
     for policy in (PolicyOptions("constant", 3), PolicyOptions("adaptive", 4), PolicyOptions("heuristic", 1)):
         for batch in (1, 5):
@@ -153,3 +154,32 @@ def test_long_outputs_and_the_plain_comparison_flag():
                           do_sample=False, max_new_tokens=160)[0].tolist()[len(p):] for p in prompts]
     assert [list(t) for t in r.tokens] == [_trim_pad(x, 2, 1) for x in refs]
     assert max(len(t) for t in r.tokens) > 100
+
+
+def test_lean_causal_drafter_computes_the_models_logits():
+    """The int8 draft decoder's math is the model's: with float32 weights its logits match the model's own
+    forward over a ragged cache (two chunks, then a rejected draft rolled back and written again); with int8
+    weights the greedy choices mostly agree (the drafts only propose)."""
+    from pipelines.engine.causal_draft import CausalDraftDecoder
+    from pipelines.engine.lean import int8_available
+
+    model = make_causal("llama", layers=2, seed=4)
+    ids = sources(1, seed=7, lengths=(12,))[0][0].tolist()
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0]
+    for int8 in (False, True) if int8_available() else (False,):
+        dec = CausalDraftDecoder(model, int8=int8)
+        assert isinstance(as_decoder(model, assistant=True, int8=True), CausalDraftDecoder) or not int8_available()
+        cache = dec.new_cache(1)
+        first, real = dec.forward([ids[:7]], cache, None, pad_id=1)
+        cache.commit(real)
+        wrong, real = dec.forward([[5, 6]], cache, None, pad_id=1)  # a draft of two tokens, then rejected
+        cache.commit(real)
+        cache.rollback(0, 2)
+        rest, real = dec.forward([ids[7:]], cache, None, pad_id=1)
+        cache.commit(real)
+        ours = torch.cat([first[0], rest[0]])
+        if not int8:
+            assert (ours - ref).abs().max() < 1e-4
+        else:
+            assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.75

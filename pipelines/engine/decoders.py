@@ -170,8 +170,8 @@ BART_FAMILY = ("bart", "mbart", "marian", "m2m_100", "pegasus", "nllb")
 
 def as_decoder(model, assistant: bool = False, int8: bool = False) -> Decoder:
     """The adapter for ``model``'s family; unknown families are refused with the list of known ones.
-    ``assistant``: the model only drafts, so a lean forward may serve it (Whisper), with int8 weights when
-    ``int8`` (and the CPU supports them)."""
+    ``assistant``: the model only drafts, so a lean forward may serve it (Whisper; Llama-layout causal LMs
+    when ``int8``), with int8 weights when ``int8`` (and the CPU supports them)."""
     kind = model.config.model_type
     if kind == "whisper":
         from .whisper import WhisperDecoder, WhisperDraftDecoder
@@ -183,6 +183,9 @@ def as_decoder(model, assistant: bool = False, int8: bool = False) -> Decoder:
         return T5Decoder(model)
     if not model.config.is_encoder_decoder:
         from .causal import FixedCausalDecoder, fits
+        from .causal_draft import CausalDraftDecoder, can_draft
 
-        return FixedCausalDecoder(model) if not assistant and fits(model.config) else CausalDecoder(model)
+        if assistant:
+            return CausalDraftDecoder(model) if int8 and can_draft(model) else CausalDecoder(model)
+        return FixedCausalDecoder(model) if fits(model.config) else CausalDecoder(model)
     raise TypeError(f"no engine adapter for {kind!r} encoder-decoder models (known: whisper, t5, mt5, {', '.join(BART_FAMILY)})")

@@ -14,6 +14,7 @@ import torch
 from .cache import LeanCache, RaggedCache
 from .decoders import Decoder, EncoderOutput
 from .fixed import FixedCache, FixedShapeDecoder
+from .lean import LeanDecoder, Linear, int8_available  # noqa: F401  (int8_available: re-exported for tests)
 
 # Step cost of Whisper base's decoder (6 layers + the 51,865-token head), 2 threads, by rows per product,
 # measured on a 2-core AMD EPYC (AVX-512 BF16), milliseconds: bfloat16 5.2 (1-2 rows), 5.6 (4), 6.7 (8);
@@ -103,7 +104,7 @@ class WhisperDecoder(FixedShapeDecoder):
         return dec.layer_norm(x)
 
 
-class WhisperDraftDecoder(Decoder):
+class WhisperDraftDecoder(LeanDecoder):
     """A Whisper decoder used as an assistant (a ``WhisperForCausalLM`` reading the main encoder's output),
     run through a lean forward of its own layers: q, k and v projected by one fused matrix, the
     cross-attention keys and values computed once per request, no per-call module dispatch, and optionally
@@ -144,9 +145,6 @@ class WhisperDraftDecoder(Decoder):
     def reads_encoder(self) -> bool:
         return True
 
-    def new_cache(self, batch: int, capacity: int | None = None) -> RaggedCache:
-        return RaggedCache(LeanCache(len(self.layers)), batch, self.device)
-
     def forward(self, chunks: list[list[int]], cache: RaggedCache, enc: EncoderOutput | None, pad_id: int,
                 need_from: list[int] | None = None):
         ids, positions, real, allowed = cache.plan(chunks, pad_id, self.max_positions)
@@ -162,8 +160,7 @@ class WhisperDraftDecoder(Decoder):
         cross_mask = None if enc.mask is None else enc.mask.bool()[:, None, None, :]
         for layer, kv, (cross_k, cross_v) in zip(self.layers, store.layers, store.cross):
             qkv = layer["qkv"](layer["ln1"](x)).view(batch, n, 3, heads, -1).permute(2, 0, 3, 1, 4)
-            kv.keys = qkv[1] if kv.keys is None else torch.cat([kv.keys, qkv[1]], dim=2)
-            kv.values = qkv[2] if kv.values is None else torch.cat([kv.values, qkv[2]], dim=2)
+            self.append(kv, qkv[1], qkv[2])
             attn = torch.nn.functional.scaled_dot_product_attention(qkv[0], kv.keys, kv.values, attn_mask=allowed, scale=1.0)
             x = x + layer["o"](merge(attn))
             q = split(layer["q2"](layer["ln2"](x)))
@@ -173,39 +170,7 @@ class WhisperDraftDecoder(Decoder):
         return self.head(self.norm(x)).float(), real
 
 
-class Linear:
-    """y = x W^T + b, with W kept in float32 or, for an assistant, as int8 per output channel
-    (W ~ s_o * Q_o, Q_o in [-127, 127], dynamic quantization of x per call): about 2.5 times less time per
-    draft-sized product on these CPUs, at ~1% relative error in the drafts' logits. Only drafts use it;
-    verification never does."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, int8: bool) -> None:
-        weight = weight.detach().float().contiguous()
-        self.bias = None if bias is None else bias.detach().float().contiguous()
-        self.packed = None
-        if int8:
-            import warnings
-
-            scales = weight.abs().amax(dim=1).clamp(min=1e-8) / 127.0
-            with warnings.catch_warnings():  # quantized tensors are deprecated upstream; torch is pinned (pyproject)
-                warnings.simplefilter("ignore", UserWarning)
-                q = torch.quantize_per_channel(weight, scales.double(), torch.zeros(len(scales), dtype=torch.long), 0, torch.qint8)
-            self.packed = torch.ops.quantized.linear_prepack(q, self.bias)
-        else:
-            self.weight = weight
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
-            return torch.ops.quantized.linear_dynamic(x, self.packed)
-        return torch.nn.functional.linear(x, self.weight, self.bias)
-
-
 def _layer_norm(module: torch.nn.LayerNorm):
     """The module's layer norm as a float32 function (the module itself is left as it is: it may be shared)."""
     weight, bias = module.weight.detach().float(), module.bias.detach().float()
     return lambda x: torch.nn.functional.layer_norm(x, module.normalized_shape, weight, bias, module.eps)
-
-
-def int8_available() -> bool:
-    """Whether this torch build can run int8 dynamic-quantized linear layers (x86: fbgemm/onednn)."""
-    return any(e in torch.backends.quantized.supported_engines for e in ("x86", "fbgemm"))
