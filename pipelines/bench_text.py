@@ -102,7 +102,12 @@ def bench_text(task: str, pair_name: str | None = None, limit: int = 4, max_new_
                "transformers assisted": lambda ps: _run_generate(runner.model, ps, max_new_tokens,
                                                                  loaded.assistant_model) + (None,),
                "tandem plain": lambda ps: _run_engine(loaded.plain, gen, ps, max_new_tokens)}
-    for draft in DRAFTS:
+    drafts = DRAFTS
+    if loaded.assistant_model is None:  # e.g. the prompt-lookup pair: the model systems have nothing to run
+        log(f"  pair {pair.name} has no assistant: transformers assisted and Tandem's model drafters left out")
+        del systems["transformers assisted"]
+        drafts = tuple(d for d in DRAFTS if not d.startswith("model"))
+    for draft in drafts:
         engine = engine_for(loaded, draft)
         systems[f"tandem {draft}"] = lambda ps, e=engine: _run_engine(e, gen, ps, max_new_tokens)
     results = {}

@@ -191,13 +191,17 @@ def _publish(tmp: Path, final: Path, source_sha: str, weights: str) -> None:
 
 
 def _build_into(final: Path, build, source_sha: str, weights: str = WEIGHTS) -> Path:
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
-    try:
-        build(tmp)
-        _publish(tmp, final, source_sha, weights)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    """Build into a private folder and publish it as ``final``, under ``paths.build_lock`` (a process that
+    waited for another's build finds it complete and builds nothing)."""
+    with paths.build_lock(final):
+        if _is_complete(final, source_sha, weights):
+            return final
+        tmp = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
+        try:
+            build(tmp)
+            _publish(tmp, final, source_sha, weights)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 

@@ -110,18 +110,20 @@ def _build_atomically(name: str, recipe: dict, build: Callable[[Path], list[dict
     if not force and _is_built(final, recipe):
         count = json.loads((final / STAMP).read_text())["count"]
         return SetInfo(name, final, count, built=False)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=name + ".tmp-", dir=final.parent))
-    try:
-        items = build(tmp)
-        _write_manifest(tmp, items)
-        (tmp / STAMP).write_text(json.dumps({"recipe": _recipe_hash(recipe), "count": len(items)}))
-        os.chmod(tmp, 0o755)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with paths.build_lock(final):  # another process may be building it: wait, then look again
+        if not force and _is_built(final, recipe):
+            return SetInfo(name, final, json.loads((final / STAMP).read_text())["count"], built=False)
+        tmp = Path(tempfile.mkdtemp(prefix=name + ".tmp-", dir=final.parent))
+        try:
+            items = build(tmp)
+            _write_manifest(tmp, items)
+            (tmp / STAMP).write_text(json.dumps({"recipe": _recipe_hash(recipe), "count": len(items)}))
+            os.chmod(tmp, 0o755)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return SetInfo(name, final, len(items), built=True)
 
 

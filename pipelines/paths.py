@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 # The repository root (this file lives in <root>/pipelines/). Used to find models.yaml and data/.
@@ -37,3 +39,23 @@ def downloads_dir() -> Path:
 def display(path: str | os.PathLike) -> str:
     """A path as printable UTF-8 text: bytes a file name may hold that are not UTF-8 are shown as \\xNN."""
     return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+@contextmanager
+def build_lock(final: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock (``fcntl.flock`` on ``.<name>.lock`` beside ``final``) while building
+    ``final``: two processes that need the same model or set at once (Ray actors, parallel test workers, two
+    commands) build it once; the second waits and then finds it built. Where ``fcntl`` is missing
+    (Windows) nothing is locked and builds stay atomic, only possibly done twice."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    with open(final.parent / f".{final.name}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -14,9 +14,11 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 @pytest.fixture(scope="session", autouse=True)
 def _two_threads():
+    """Two torch threads; with pytest-xdist workers (``-n N``) the cores are shared out among them."""
     import torch
 
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // workers)))
 
 
 @pytest.fixture(scope="session")

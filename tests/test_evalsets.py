@@ -105,3 +105,28 @@ def test_summarize_debian():
 def test_unknown_set():
     with pytest.raises(evalsets.DataBuildError, match="unknown set"):
         build_set("speech-imaginary")
+
+
+def test_concurrent_builds_of_one_set_build_it_once(tmp_path, monkeypatch):
+    """Two builders of the same set at once (Ray actors, parallel test workers): the second waits for the
+    first's lock and finds the set built."""
+    import threading
+    import time
+
+    monkeypatch.setenv("TANDEM_CACHE", str(tmp_path))
+    calls = []
+
+    def build(folder):
+        calls.append(1)
+        time.sleep(0.3)
+        return [{"id": "a", "input": "x"}]
+
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(evalsets._build_atomically("lock-test", {"v": 1}, build, False)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+    assert sorted(r.built for r in results) == [False, True] and {r.count for r in results} == {1}
