@@ -165,7 +165,9 @@ def _file_sha256(path: Path) -> str:
 
 
 def _is_complete(folder: Path, source_sha: str, weights: str = WEIGHTS) -> bool:
-    """A cached folder counts only if its stamp matches the source and the weights still hash right."""
+    """A cached folder counts only if its stamp matches the source and the weights are the ones stamped:
+    same size and modification time as at publishing (a stat, so loading a 3 GB model does not re-read
+    it), else the same sha256 (a copied or touched folder is hashed once more and still counts)."""
     stamp = folder / STAMP
     if not stamp.is_file():
         return False
@@ -174,17 +176,33 @@ def _is_complete(folder: Path, source_sha: str, weights: str = WEIGHTS) -> bool:
     except (OSError, ValueError):
         return False
     path = folder / weights
-    return (
-        meta.get("source_sha256") == source_sha
-        and path.is_file()
-        and _file_sha256(path) == meta.get("weights_sha256")
-    )
+    if meta.get("source_sha256") != source_sha or not path.is_file():
+        return False
+    if meta.get("weights_stat") == _stat_of(path):
+        return True
+    if _file_sha256(path) != meta.get("weights_sha256"):
+        return False
+    _write_stamp(folder, {**meta, "weights_stat": _stat_of(path)})  # the next check is a stat again
+    return True
+
+
+def _write_stamp(folder: Path, meta: dict) -> None:
+    tmp = folder / (STAMP + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=1))
+    os.replace(tmp, folder / STAMP)
+
+
+def _stat_of(path: Path) -> list[int]:
+    """[size in bytes, modification time in ns]: any rewrite of the file changes it."""
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns]
 
 
 def _publish(tmp: Path, final: Path, source_sha: str, weights: str) -> None:
-    """Stamp ``tmp`` and move it into place in one rename; a reader never sees a half-written folder."""
-    meta = {"source_sha256": source_sha, "weights_sha256": _file_sha256(tmp / weights)}
-    (tmp / STAMP).write_text(json.dumps(meta, indent=1))
+    """Stamp ``tmp`` and move it into place in one rename; a reader never sees a half-written folder.
+    (The rename keeps the weights' size and modification time, so the stamped stat stays true.)"""
+    _write_stamp(tmp, {"source_sha256": source_sha, "weights_sha256": _file_sha256(tmp / weights),
+                       "weights_stat": _stat_of(tmp / weights)})
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
