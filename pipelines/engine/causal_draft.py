@@ -26,7 +26,7 @@ def can_draft(model) -> bool:
     a torch with int8 linear kernels."""
     from .causal import fits
 
-    return not model.config.is_encoder_decoder and fits(model.config) and int8_available()
+    return not model.config.is_encoder_decoder and fits(model.config) and int8_available(model.device)
 
 
 def _rms_norm(module):
@@ -46,7 +46,7 @@ class CausalDraftDecoder(LeanDecoder):
 
     def __init__(self, model, int8: bool = True) -> None:
         super().__init__(model)
-        self.int8 = int8 and int8_available()
+        self.int8 = int8 and int8_available(self.device)
         lin = lambda w, b=None: Linear(w, b, self.int8)  # noqa: E731
         config, inner = self.config, model.model
         self.max_positions = getattr(config, "max_position_embeddings", None)

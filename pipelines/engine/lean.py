@@ -52,6 +52,9 @@ class Linear:
         return torch.nn.functional.linear(x, self.weight, self.bias)
 
 
-def int8_available() -> bool:
-    """Whether this torch build can run int8 dynamic-quantized linear layers (x86: fbgemm/onednn)."""
+def int8_available(device: torch.device | str = "cpu") -> bool:
+    """Whether int8 dynamic-quantized linear layers can run on ``device``: a CPU (the kernels are CPU-only)
+    and a torch build with the x86 (fbgemm/onednn) engine. Elsewhere drafters keep their float weights."""
+    if torch.device(device).type != "cpu":
+        return False
     return any(e in torch.backends.quantized.supported_engines for e in ("x86", "fbgemm"))

@@ -119,7 +119,7 @@ class WhisperDraftDecoder(LeanDecoder):
         super().__init__(model)
         _adopt_whisper(self, model)
         dec = self.decoder
-        self.int8 = int8 and int8_available()
+        self.int8 = int8 and int8_available(self.device)
         self.dtype = torch.float32  # activations stay float32 (the int8 kernels take float32 inputs)
         self.heads = self.config.decoder_attention_heads
         self.embed, self.positions = dec.embed_tokens.weight.detach().float(), dec.embed_positions.weight.detach().float()
