@@ -107,10 +107,7 @@ def _is_built(folder: Path, recipe: dict) -> bool:
 
 def _build_atomically(name: str, recipe: dict, build: Callable[[Path], list[dict]], force: bool) -> SetInfo:
     final = set_dir(name)
-    if not force and _is_built(final, recipe):
-        count = json.loads((final / STAMP).read_text())["count"]
-        return SetInfo(name, final, count, built=False)
-    with paths.build_lock(final):  # another process may be building it: wait, then look again
+    with paths.build_lock(final):  # another process may be building it: wait, then look
         if not force and _is_built(final, recipe):
             return SetInfo(name, final, json.loads((final / STAMP).read_text())["count"], built=False)
         tmp = Path(tempfile.mkdtemp(prefix=name + ".tmp-", dir=final.parent))

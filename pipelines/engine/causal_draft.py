@@ -101,5 +101,6 @@ class CausalDraftDecoder(LeanDecoder):
 
 def _rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """t cos + rotate_half(t) sin, rotate_half([a, b]) = [-b, a] over the last axis (halves)."""
-    half = t.shape[-1] // 2
-    return t * cos + torch.cat((-t[..., half:], t[..., :half]), dim=-1) * sin
+    from .causal import _rotate_half
+
+    return t * cos + _rotate_half(t) * sin
