@@ -12,7 +12,7 @@ A config (YAML) names the evaluations to run and the thresholds:
       identical_min: 1.0         # greedy: anything below 100% identical output is a regression
       speedup_drop: 0.10         # relative drop of the speedup always allowed (the floor) ...
       noise_factor: 2.0          # ... or noise_factor x the spread measured over the repeats, if larger
-      tokens_per_call_drop: 0.15 # the same for tokens per main-model call (acceptance)
+      tokens_per_call_drop: 0.15 # relative drop of tokens per main-model call allowed (fixed schedules)
     runs:
       - {task: asr, pair: whisper-base, set: speech-real, limit: 12, dtype: float32}
       - {task: asr, pair: whisper-base, set: speech-real, policy: {name: constant, lookahead: 3}}
@@ -27,10 +27,12 @@ Comparisons know their noise and compare like with like:
     - each evaluation's baseline is the latest accepted run holding the same evaluation (task, pair, set,
       limit, dtype), measured on the same machine (CPU model, threads, device, library versions) when
       there is one; across machines only quality is compared, and the report says why;
-    - a gated speed figure (speedup, tokens per main call) may drop by max(floor, noise_factor x spread),
-      the spread being the relative range of its per-repeat values in this run and in the baseline's: the
-      adaptive lookahead's choices depend on timing, so its tokens per call vary from run to run; with one
-      repeat there is no spread to measure, and an adaptive run's speed figures are then reported, not gated;
+    - the speedup may drop by max(floor, noise_factor x spread), the spread being the relative range of
+      its per-repeat values in this run and in the baseline's; with one repeat there is no spread to
+      measure, and it is then reported, not gated;
+    - tokens per main call are gated (by the floor alone) on fixed-schedule evaluations (``policy: {name:
+      constant, lookahead: 3}``), where they are the same on every run of the same code; the adaptive
+      lookahead picks k from step costs measured in the run, so its tokens per call are reported, not gated;
     - an evaluation with no baseline says so, and the run becomes its baseline.
 The whole config is validated before anything runs (``load_config``): unknown keys, metric names, numbers
 and their ranges, dtypes, limits, policies, pairs (present, fitting the task) and sets (known, of the task).
@@ -87,11 +89,20 @@ class EvalSpec:
     temperature: tuple[float, ...] | None = None  # asr: Whisper's temperature fallback (None: the default)
 
     @property
+    def schedule(self) -> str:
+        """The lookahead policy's name: "adaptive" (the default; k chosen from measured step costs, so its
+        tokens per call depend on timing) or a fixed schedule (constant, heuristic, confidence, random:
+        the same tokens per call on every run of the same code)."""
+        return str(dict(self.policy).get("name", "adaptive"))
+
+    @property
     def key(self) -> str:
-        """What identifies this evaluation across runs: the pair, the data and the dtype. Settings under test
-        (the policy, the models file behind the pair name) are not part of it: changing them is what a
-        regression run is for."""
-        return f"{self.task}|{self.pair}|{self.set}|{self.limit or 'all'}|{self.dtype or 'pair'}"
+        """What identifies this evaluation across runs: the pair, the data, the dtype and, for a fixed
+        schedule, the policy's name (its tokens per call measure the assistant, the adaptive policy's measure
+        the whole system: not comparable). Settings under test (the policy's lookahead, the models file behind
+        the pair name) are not part of it: changing them is what a regression run is for."""
+        key = f"{self.task}|{self.pair}|{self.set}|{self.limit or 'all'}|{self.dtype or 'pair'}"
+        return key if self.schedule == "adaptive" else f"{key}|{self.schedule}"
 
 
 @dataclass(frozen=True)
@@ -315,14 +326,15 @@ def compare(key: str, now: dict, base: dict | None, same_machine: bool, th: dict
     allowed = _allowance(th["speedup_drop"], th["noise_factor"], _spread(speedups(now)), _spread(speedups(base)))
     _gate_drop(found, notes, Finding(key, "speedup", f"{label}: speedup"), now["latency"]["speedup"],
                base["latency"]["speedup"], allowed, "one repeat measures no noise: set repeats to 3 or more", "x")
-    # tokens per call: deterministic for a fixed schedule (the floor alone); the adaptive lookahead's varies with timing
+    # tokens per call: a fixed schedule gives the same figure on every run of the same code (the floor alone
+    # gates it); the adaptive lookahead picks k from step costs measured in this run, so its figure moves
+    # with timing from night to night (2.49 -> 2.18 on unchanged code) more than across one run's repeats:
+    # reported, not gated (an acceptance drop is caught by the fixed-schedule evaluations)
     t_now, t_old = tokens_per_call(now), tokens_per_call(base)
     if t_now and t_old:
-        spreads = _spread(now.get("tokens_per_call_runs", [])), _spread(base.get("tokens_per_call_runs", []))
-        allowed = (_allowance(th["tokens_per_call_drop"], th["noise_factor"], *spreads) if adaptive
-                   else th["tokens_per_call_drop"])
-        _gate_drop(found, notes, Finding(key, "tokens_per_call", f"{label}: tokens per main call"), t_now, t_old, allowed,
-                   "the adaptive lookahead varies with timing and one repeat measures no spread", "")
+        _gate_drop(found, notes, Finding(key, "tokens_per_call", f"{label}: tokens per main call"), t_now, t_old,
+                   None if adaptive else th["tokens_per_call_drop"],
+                   "the adaptive lookahead's choices depend on timing; a fixed-schedule evaluation gates acceptance", "")
     return found, notes
 
 
