@@ -23,8 +23,11 @@ def models(local_models_file, monkeypatch):
 
 
 def page(name: str) -> AppTest:
-    at = AppTest.from_file(str(UI / f"{name}.py"), default_timeout=300)
+    """The app (``ui/app.py``, as ``tandem ui`` serves it) switched to one page."""
+    at = AppTest.from_file(str(UI / "app.py"), default_timeout=300)
     at.run()
+    if name != "translate":  # the first page
+        at.switch_page(f"{name}.py").run()
     assert not at.exception, at.exception
     return at
 

@@ -1,10 +1,2 @@
-"""The Transcribe page."""
-
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from transcribe_view import transcribe_page  # noqa: E402
-
-transcribe_page()
+"""The Transcribe page's entry in the navigation. Its body is drawn by app.py (the main script), so that the values
+typed into it travel with a change of page (see app.py)."""

@@ -1,10 +1,2 @@
-"""The Translate page."""
-
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from text_view import text_page  # noqa: E402
-
-text_page("translate")
+"""The Translate page's entry in the navigation. Its body is drawn by app.py (the main script), so that the values
+typed into it travel with a change of page (see app.py)."""
