@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .asr import Transcript, TranscribeOptions, transcribe
+from .devices import resolve_dtype
 from .inputs import display, find_inputs
 from .outputs import OutputError, OutputTree, run_signature
 from .registry import Pair
@@ -163,13 +164,13 @@ def _load_refs(manifest: str | None) -> dict[str, str]:
 
 
 def _options(language, task, dtype, use_assistant, compare, out, formats, batch_size, timestamps, long_form,
-             lookahead, safeguards) -> TranscribeOptions:
+             lookahead, safeguards, device="cpu") -> TranscribeOptions:
     """The command's TranscribeOptions; ValueError with one sentence for a bad value."""
     from .engine import parse_policy
 
     if batch_size < 1:
         raise ValueError(f"--batch-size must be 1 or more (got {batch_size})")
-    return TranscribeOptions(language=None if language == "auto" else language, task=task, dtype=dtype,
+    return TranscribeOptions(language=None if language == "auto" else language, task=task, dtype=dtype, device=device,
                              use_assistant=use_assistant, policy=parse_policy(lookahead), **(safeguards or {}),
                              compare=compare, batch_size=batch_size, long_form=long_form,
                              timestamps=timestamps or any(f in ("srt", "vtt", "tsv") for f in (formats if out else ())))
@@ -180,7 +181,8 @@ def _mode(pair: Pair, options: TranscribeOptions, ray: RayOptions | None) -> str
         mode = "plain decoding" + ("" if options.use_assistant else " (--no-assistant)")
     else:
         mode = f"drafts from {pair.assistant or 'prompt lookup'}"
-    return (f"pair {pair.name}: {pair.main}, {mode}, {options.dtype or pair.dtype}, batch {options.batch_size}"
+    dtype = resolve_dtype(options.device, options.dtype, pair.dtype)
+    return (f"pair {pair.name}: {pair.main}, {mode}, {dtype} on {options.device}, batch {options.batch_size}"
             + (", long files in chunks" if options.long_form == "chunked" else "")
             + (f", on Ray ({ray.describe()})" if ray else ""))
 
@@ -241,16 +243,17 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
                    compare: bool = False, out: str | None = None, formats: tuple[str, ...] = ("txt",),
                    batch_size: int = 4, timestamps: bool = False, quiet: bool = False,
                    long_form: str = "sequential", lookahead: str = "adaptive", safeguards: dict | None = None,
-                   ray: RayOptions | None = None) -> int:
-    """``tandem transcribe``: plan, decode (in this process, or on Ray with ``ray``), print; the exit status
-    (0 all done, 1 some failed, 2 the run could not start, 130 interrupted)."""
+                   ray: RayOptions | None = None, device: str = "cpu") -> int:
+    """``tandem transcribe``: plan, decode (in this process, or on Ray with ``ray``) on ``device`` ("cpu",
+    "cuda:0": devices.resolve_device), print; the exit status (0 all done, 1 some failed, 2 the run could not
+    start, 130 interrupted)."""
     from .registry import load_registry
 
     registry = load_registry(models)
     pair = registry.get(pair_name) if pair_name else registry.default("asr")
     try:
         options = _options(language, task, dtype, use_assistant, compare, out, formats, batch_size, timestamps,
-                           long_form, lookahead, safeguards)
+                           long_form, lookahead, safeguards, device)
         if ray:
             from .scale import require_ray
 

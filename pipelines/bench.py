@@ -280,7 +280,8 @@ def write_report(report: dict, json_path: str | None, log=print) -> dict:
     return report
 
 
-def environment() -> dict:
+def environment(device: str = "cpu") -> dict:
+    """What a figure was measured on: library versions, torch threads, the CPU's model name and the device."""
     import transformers
 
     cpu = platform.processor()
@@ -292,7 +293,7 @@ def environment() -> dict:
     except OSError:
         pass
     return {"torch": torch.__version__, "transformers": transformers.__version__, "threads": torch.get_num_threads(),
-            "cpu": cpu, "python": platform.python_version()}
+            "cpu": cpu, "python": platform.python_version(), "device": device}
 
 
 def bench_engine(limit: int = 24, json_path: str | None = None, include_toys: bool = True, end_to_end: bool = False,
@@ -331,13 +332,16 @@ class AsrRow:
     tokens_per_call: float | None = None  # Tandem: tokens per main-model pass per sequence (accepted drafts + 1)
 
 
-def _fw_model(compute_type: str, threads: int, warm_path: str):
-    """faster-whisper on the very same base weights (their CTranslate2 folder), loaded and warmed up."""
+def _fw_model(compute_type: str, threads: int, warm_path: str, device: str = "cpu"):
+    """faster-whisper on the very same base weights (their CTranslate2 folder), loaded and warmed up, on the
+    CPU or on CUDA device N (``device`` "cuda:N")."""
     from faster_whisper import WhisperModel
 
     from .embedded import ct2_folder
 
-    model = WhisperModel(str(ct2_folder("whisper-base")), device="cpu", compute_type=compute_type, cpu_threads=threads)
+    kind, _, index = device.partition(":")
+    model = WhisperModel(str(ct2_folder("whisper-base")), device=kind, device_index=int(index or 0),
+                         compute_type=compute_type, cpu_threads=threads)
     list(model.transcribe(warm_path, language="en", beam_size=1)[0])
     return model
 
@@ -371,18 +375,19 @@ def _hf_transcribe(paths: list[str], runner, assistant) -> list[str]:
                                 padding="longest" if long else "max_length", return_attention_mask=long)
         kwargs = dict(do_sample=False, num_beams=1, language="en", task="transcribe")
         if long:
-            kwargs.update(attention_mask=feats.attention_mask, return_timestamps=True)
+            kwargs.update(attention_mask=feats.attention_mask.to(model.device), return_timestamps=True)
         if assistant is not None:
             kwargs["assistant_model"] = assistant
         with torch.inference_mode():
-            ids = model.generate(feats.input_features.to(model.dtype), **kwargs)
+            ids = model.generate(feats.input_features.to(model.device, model.dtype), **kwargs)
         ids = ids["sequences"] if isinstance(ids, dict) else ids
         out.append(tok.decode(ids[0], skip_special_tokens=True).strip())
     return out
 
 
 def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synth", "speech-long"), limit: int = 60,
-              batch_size: int = 8, json_path: str | None = None, log=print, chunk_batch: int = 8) -> dict:
+              batch_size: int = 8, json_path: str | None = None, log=print, chunk_batch: int = 8,
+              device: str = "cpu") -> dict:
     """Every system on every set, one after the other in this process. On a set with files over 30 s, also
     the chunked long-form systems: faster-whisper's batched pipeline and Tandem's ``long_form="chunked"``,
     ``chunk_batch`` chunks at a time (their identical-output rate is against Tandem plain chunked)."""
@@ -393,10 +398,10 @@ def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synt
 
     pair = load_registry().get(pair_name)
     threads = torch.get_num_threads()
-    log(f"environment: {environment()}")
+    log(f"environment: {environment(device)}")
     log(f"pair: {pair.name} ({pair.main}, assistant {pair.assistant or 'none'}); Tandem batch {batch_size}")
     log(f"{'set':13s} {'system':42s} {'files':>5s} {'audio s':>8s} {'wall s':>7s} {'RTF':>6s} {'speedup':>8s} {'WER':>6s} {'identical':>9s} {'tok/call':>9s}")
-    runners = {d: WhisperRunner(pair, d) for d in ("float32", "bfloat16")}
+    runners = {d: WhisperRunner(pair, d, device) for d in ("float32", "bfloat16")}
     rows: list[AsrRow] = []
     for set_name in sets:
         build_set(set_name)
@@ -426,7 +431,7 @@ def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synt
         long_files = any(i["duration"] > 30.0 for i in items)
         try:
             for compute in ("int8", "float32"):
-                fw = _fw_model(compute, threads, paths[0])
+                fw = _fw_model(compute, threads, paths[0], device)
                 timed(f"faster-whisper {compute}", lambda m=fw: _fw_transcribe(m, paths))
                 if long_files and compute == "int8":
                     timed(f"faster-whisper {compute} batched {chunk_batch}",
@@ -440,7 +445,8 @@ def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synt
                 for assisted in (False, True):
                     if assisted and not pair.uses_assistant:
                         continue
-                    opts = TranscribeOptions(use_assistant=assisted, batch_size=batch, dtype=dtype, long_form=long_form)
+                    opts = TranscribeOptions(use_assistant=assisted, batch_size=batch, dtype=dtype, long_form=long_form,
+                                             device=device)
                     name = f"tandem {'assisted' if assisted else 'plain'} {dtype}{suffix}"
                     timed(name, lambda n=name, o=opts, d=dtype: tandem(n, o, runners[d]))
         base_wall = results["transformers plain float32"][1]
@@ -456,6 +462,6 @@ def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synt
             tpc = f"{row.tokens_per_call:9.2f}" if row.tokens_per_call else f"{'-':>9s}"
             log(f"{set_name:13s} {name:42s} {row.files:5d} {audio_s:8.1f} {wall:7.1f} {row.rtf:6.3f} {row.speedup:7.2f}x "
                 f"{100 * row.wer:5.1f}% {idt} {tpc}")
-    report = {"environment": environment(), "pair": pair.name, "batch_size": batch_size, "chunk_batch": chunk_batch,
+    report = {"environment": environment(device), "pair": pair.name, "batch_size": batch_size, "chunk_batch": chunk_batch,
               "rows": [asdict(r) for r in rows]}
     return write_report(report, json_path, log)

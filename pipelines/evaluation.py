@@ -32,7 +32,7 @@ SCHEMA = "tandem-eval/1"
 # }
 
 
-def environment(dtype: str) -> dict:
+def environment(dtype: str, device: str = "cpu") -> dict:
     from . import __version__
     from .bench import environment as env
 
@@ -42,7 +42,7 @@ def environment(dtype: str) -> dict:
                                 cwd=Path(__file__).parent, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         pass
-    return {**env(), "tandem": __version__, "dtype": dtype, "device": "cpu", "git_commit": commit,
+    return {**env(), "tandem": __version__, "dtype": dtype, "device": device, "git_commit": commit,
             "platform": platform.platform(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
@@ -50,17 +50,18 @@ def _spread(runs: list[float]) -> dict:
     return {"median_s": statistics.median(runs), "min_s": min(runs), "max_s": max(runs), "runs_s": runs}
 
 
-def _asr_runner(pair, items, dtype, policy, temperature=None):
+def _asr_runner(pair, items, dtype, policy, temperature=None, device="cpu"):
     from .asr import TranscribeOptions, WhisperRunner, transcribe
     from .metrics import cer, wer
 
-    runner = WhisperRunner(pair, dtype)
+    runner = WhisperRunner(pair, dtype, device)
     paths = [i["audio_path"] for i in items]
     refs = [i["reference"] for i in items]
 
     def run(assisted: bool):
         extra = {} if temperature is None else {"temperature": tuple(temperature)}
-        options = TranscribeOptions(use_assistant=assisted, batch_size=4, policy=policy, **extra)
+        options = TranscribeOptions(use_assistant=assisted, batch_size=4, policy=policy, dtype=dtype, device=device,
+                                    **extra)
         results = {r.path: r for r in transcribe(paths, pair, options, runner)}
         ordered = [results[p] for p in paths]
         bad = [r for r in ordered if not r.ok]
@@ -76,12 +77,12 @@ def _asr_runner(pair, items, dtype, policy, temperature=None):
     return run, score
 
 
-def _text_runner(pair, task, items, dtype, policy):
+def _text_runner(pair, task, items, dtype, policy, device="cpu"):
     from .languages import code_in
     from .metrics import bleu, chrf, rouge
     from .text import TextOptions, TextRunner
 
-    runner = TextRunner(pair, dtype)
+    runner = TextRunner(pair, dtype, device=device)
     refs = [i["reference"] for i in items]
 
     def run(assisted: bool):
@@ -122,11 +123,11 @@ def take(items: list[dict], limit: int | None, languages: tuple[str, ...] | None
 
 def evaluate(task: str, pair_name: str, set_name: str, limit: int | None = None, repeats: int = 3,
              dtype: str | None = None, models: str | None = None, items: list[dict] | None = None,
-             policy=None, temperature: tuple[float, ...] | None = None) -> dict:
+             policy=None, temperature: tuple[float, ...] | None = None, device: str = "cpu") -> dict:
     """Run one evaluation and return the report (see SCHEMA). ``policy``: the engine's PolicyOptions
-    (default: its own default)."""
+    (default: its own default); ``device``: where the models run ("cpu", "cuda:0": devices.resolve_device)."""
+    from .devices import resolve_dtype
     from .engine import PolicyOptions
-
     from .evalsets import build_set, read_manifest
     from .registry import load_registry
 
@@ -137,10 +138,10 @@ def evaluate(task: str, pair_name: str, set_name: str, limit: int | None = None,
         build_set(set_name)
         items = read_manifest(set_name)
     items = take(items, limit)
-    dtype = dtype or pair.dtype
+    dtype = resolve_dtype(device, dtype, pair.dtype)
     policy = policy or PolicyOptions()
-    run, score = (_asr_runner(pair, items, dtype, policy, temperature) if task == "asr"
-                  else _text_runner(pair, task, items, dtype, policy))
+    run, score = (_asr_runner(pair, items, dtype, policy, temperature, device) if task == "asr"
+                  else _text_runner(pair, task, items, dtype, policy, device))
 
     run(False), run(True)  # warm-up: caches, lazy imports, first-call allocations
     outputs: dict[bool, list[str]] = {}
@@ -169,12 +170,12 @@ def evaluate(task: str, pair_name: str, set_name: str, limit: int | None = None,
         "tokens_per_call_runs": per_call,
         "tokens": tokens,
         "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "environment": environment(dtype),
+        "environment": environment(dtype, device),
     }
 
 
 def format_report(r: dict) -> str:
-    lines = [f"{r['task']} | pair {r['pair']} | set {r['set']} ({r['items']} items) | {r['dtype']}"]
+    lines = [f"{r['task']} | pair {r['pair']} | set {r['set']} ({r['items']} items) | {r['dtype']} on {r['environment']['device']}"]
     for mode in ("plain", "assisted"):
         q = ", ".join(f"{k} {v['value']:.4f}" for k, v in r["quality"][mode].items())
         lat = r["latency"][mode]

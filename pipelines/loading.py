@@ -158,8 +158,9 @@ def torch_dtype(name: str):
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def load_model(ref: ModelRef, dtype: str = "float32"):
-    """The model in eval mode, with the auto class its config names (seq2seq, speech seq2seq or causal)."""
+def load_model(ref: ModelRef, dtype: str = "float32", device: str = "cpu"):
+    """The model in eval mode on ``device`` (``devices.resolve_device``), with the auto class its config names
+    (seq2seq, speech seq2seq or causal)."""
     from transformers import (
         AutoModelForCausalLM,
         AutoModelForSeq2SeqLM,
@@ -174,4 +175,4 @@ def load_model(ref: ModelRef, dtype: str = "float32"):
         cls = AutoModelForSeq2SeqLM
     else:
         cls = AutoModelForCausalLM
-    return _from_pretrained(cls, ref, dtype=torch_dtype(dtype)).eval()
+    return _from_pretrained(cls, ref, dtype=torch_dtype(dtype)).to(device).eval()

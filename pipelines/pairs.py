@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .devices import int8_allowed, resolve_dtype
 from .engine import AssistedDecoder, Decoder, as_decoder, model_drafter, prompt_lookup
 from .loading import load_model, load_tokenizer
 from .registry import Pair
@@ -17,6 +18,7 @@ from .registry import Pair
 class LoadedPair:
     pair: Pair
     dtype: str
+    device: str  # where the models live: "cpu", "cuda:0" (devices.resolve_device)
     main_model: object  # the transformers model
     main: Decoder
     tokenizer: object
@@ -44,22 +46,24 @@ def engine_for(loaded: LoadedPair, draft: str) -> AssistedDecoder:
         if loaded.assistant_model is None:
             raise ValueError(f"pair {pair.name!r} has no assistant to draft with")
         lookup = pair.prompt_lookup_ngram if draft == "model+prompt-lookup" else None
-        make = model_drafter(as_decoder(loaded.assistant_model, assistant=True, int8=pair.assistant_int8),
+        int8 = pair.assistant_int8 and int8_allowed(loaded.device)  # a CPU kernel: elsewhere the compute dtype
+        make = model_drafter(as_decoder(loaded.assistant_model, assistant=True, int8=int8),
                              pair.share_encoder, pad, lookup)
     elif draft == "prompt-lookup":
         make = prompt_lookup(pair.prompt_lookup_ngram)
     return AssistedDecoder(loaded.main, make, pad)
 
 
-def load_pair(pair: Pair, dtype: str | None = None) -> LoadedPair:
-    """Load the pair's main model (and assistant) in ``dtype`` (default: the pair's) and build its engines."""
-    dtype = dtype or pair.dtype
-    main_model = load_model(pair.main, dtype)
+def load_pair(pair: Pair, dtype: str | None = None, device: str = "cpu") -> LoadedPair:
+    """Load the pair's main model (and assistant) on ``device`` (``devices.resolve_device``) in ``dtype``
+    (default: ``devices.resolve_dtype``'s, the pair's own on a CPU) and build its engines."""
+    dtype = resolve_dtype(device, dtype, pair.dtype)
+    main_model = load_model(pair.main, dtype, device)
     main = as_decoder(main_model)
     pad = pad_id_of(main_model)
-    assistant_model = load_model(pair.assistant, dtype) if pair.draft.startswith("model") else None
+    assistant_model = load_model(pair.assistant, dtype, device) if pair.draft.startswith("model") else None
     loaded = LoadedPair(
-        pair=pair, dtype=dtype, main_model=main_model, main=main, tokenizer=load_tokenizer(pair.main),
+        pair=pair, dtype=dtype, device=device, main_model=main_model, main=main, tokenizer=load_tokenizer(pair.main),
         assistant_model=assistant_model, engine=AssistedDecoder(main, None, pad), plain=AssistedDecoder(main, None, pad),
     )
     return replace(loaded, engine=engine_for(loaded, pair.draft))

@@ -341,9 +341,11 @@ def compare(key: str, now: dict, base: dict | None, same_machine: bool, th: dict
 # ----------------------------------------------------------------------------------------------------
 
 
-def regress(config: Config, pin: int | None = None, log=print) -> tuple[int, list[Finding], list[str], Path]:
-    """Run every evaluation, compare each with its baseline, store the run, write the report. Returns
-    (run id, regressions, notes, report.html path). Raises RegressRunError when an evaluation cannot run."""
+def regress(config: Config, pin: int | None = None, log=print, device: str = "cpu"
+            ) -> tuple[int, list[Finding], list[str], Path]:
+    """Run every evaluation on ``device`` ("cpu", "cuda:0": devices.resolve_device), compare each with its
+    baseline (speed only with one measured on the same machine and device), store the run, write the report.
+    Returns (run id, regressions, notes, report.html path). Raises RegressRunError when an evaluation cannot run."""
     from .engine import PolicyOptions
     from .evalsets import DataBuildError
     from .evaluation import evaluate
@@ -361,7 +363,7 @@ def regress(config: Config, pin: int | None = None, log=print) -> tuple[int, lis
         try:
             results[spec.key] = evaluate(spec.task, spec.pair, spec.set, limit=spec.limit, repeats=spec.repeats or config.repeats,
                                          dtype=spec.dtype, models=config.models, policy=PolicyOptions(**dict(spec.policy)),
-                                         temperature=spec.temperature)
+                                         temperature=spec.temperature, device=device)
         except (ModelUnavailableError, DataBuildError) as exc:
             raise RegressRunError(f"{spec.key.replace('|', ' ')}: {exc}") from None
     machines = {key: machine_of(r) for key, r in results.items()}

@@ -75,13 +75,15 @@ def split_sentences(text: str) -> list[list[str]]:
 class TextRunner:
     """One pair loaded for translation or summarization; shared, never mutated per request."""
 
-    def __init__(self, pair: Pair, dtype: str | None = None, loaded: LoadedPair | None = None) -> None:
-        """Load ``pair`` in ``dtype`` (default: the pair's), or run an already ``loaded`` one (e.g. with
-        another engine: ``pairs.engine_for``)."""
+    def __init__(self, pair: Pair, dtype: str | None = None, loaded: LoadedPair | None = None,
+                 device: str = "cpu") -> None:
+        """Load ``pair`` on ``device`` ("cpu", "cuda:0": ``devices.resolve_device``) in ``dtype`` (default:
+        ``devices.resolve_dtype``'s), or run an already ``loaded`` one (e.g. with another engine:
+        ``pairs.engine_for``). Raises TextInputError for a pair of another task."""
         if pair.task not in ("translate", "summarize"):
             raise TextInputError(f"pair {pair.name!r} is a {pair.task} pair")
         self.pair = pair
-        self.loaded = loaded or load_pair(pair, dtype)
+        self.loaded = loaded or load_pair(pair, dtype, device)
         self.tok = self.loaded.tokenizer
         self.model = self.loaded.main_model
         self.gen = self.model.generation_config
@@ -153,7 +155,8 @@ class TextRunner:
                 mask = torch.zeros(len(batch), width, dtype=torch.long)
                 for i, b in enumerate(batch):
                     ids[i, : len(b)], mask[i, : len(b)] = torch.tensor(b), 1
-                prompts, encoder_inputs = [prompt] * len(batch), {"input_ids": ids, "attention_mask": mask}
+                device = self.loaded.device
+                prompts, encoder_inputs = [prompt] * len(batch), {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
             result = engine.generate(prompts, rules,
                                      DecodeOptions(max_new_tokens=max_new, policy=options.policy,
                                                    compare_plain=options.compare and options.use_assistant),
@@ -272,9 +275,10 @@ class TextRunner:
 
 
 def run_text(pair: Pair, task: str, texts: list[str], options: TextOptions = TextOptions(),
-             runner: TextRunner | None = None) -> list[TextResult]:
-    """The Python API behind ``tandem translate`` and ``tandem summarize``."""
-    runner = runner or TextRunner(pair)
+             runner: TextRunner | None = None, device: str = "cpu") -> list[TextResult]:
+    """The Python API behind ``tandem translate`` and ``tandem summarize``: one result per text, the pair
+    loaded on ``device`` unless a ``runner`` is given. Raises TextInputError for input it cannot take."""
+    runner = runner or TextRunner(pair, device=device)
     if pair.task != task:
         raise TextInputError(f"pair {pair.name!r} is a {pair.task} pair, not a {task} pair")
     fn = runner.translate if task == "translate" else runner.summarize

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from views import (accepted_chart, choose_pair, compare_box, copyable, language_name, models_file, quality, report,
+from views import (accepted_chart, choose_pair, compare_box, copyable, device, language_name, models_file, quality, report,
                    show_speed, stopped, whisper_runner, working)
 
 from pipelines.asr import Progress, Transcript, TranscribeOptions, transcribe
@@ -99,7 +99,7 @@ def read_options(language: str | None, compare: bool) -> TranscribeOptions:
         logprob = st.number_input("logprob_threshold", value=-1.0, step=0.1, key="asr_lp")
         no_speech = st.number_input("no_speech_threshold", value=0.6, min_value=0.0, max_value=1.0, step=0.05,
                                     key="asr_ns")
-    return TranscribeOptions(language=language, compare=compare, batch_size=4 if chunked else 1,
+    return TranscribeOptions(language=language, compare=compare, batch_size=4 if chunked else 1, device=device(),
                              long_form="chunked" if chunked else "sequential",
                              temperature=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0) if fallback else (0.0,),
                              compression_ratio_threshold=ratio, logprob_threshold=logprob, no_speech_threshold=no_speech)
@@ -156,7 +156,7 @@ def show_transcript(pair: Pair, result: Transcript, stem: str, reference: str) -
     show_downloads(result, stem)
     if result.duration:
         st.caption(f"{timestamp(result.duration)} of audio, language {language_name(result.language or 'en')}, "
-                   f"real-time factor {result.seconds / result.duration:.3f}")
+                   f"real-time factor {result.seconds / result.duration:.3f} on {device()}")
     if result.segments:
         show_segments(result)
     show_speed(pair, result.tokens, result.decode_seconds or result.seconds, result.main_calls, result.drafted,

@@ -32,18 +32,26 @@ def models_file() -> str | None:
     return os.environ.get("TANDEM_MODELS") or None
 
 
+@st.cache_resource
+def device() -> str:
+    """Where the app's models run: ``tandem ui --device`` hands it over as $TANDEM_DEVICE (resolved there)."""
+    from pipelines.devices import resolve_device
+
+    return resolve_device()
+
+
 @st.cache_resource(show_spinner="Loading the models (once per pair)...")
 def text_runner(pair_name: str, models: str | None):
     from pipelines.text import TextRunner
 
-    return TextRunner(load_registry(models).get(pair_name))
+    return TextRunner(load_registry(models).get(pair_name), device=device())
 
 
 @st.cache_resource(show_spinner="Loading the models (once per pair)...")
 def whisper_runner(pair_name: str, models: str | None):
     from pipelines.asr import WhisperRunner
 
-    return WhisperRunner(load_registry(models).get(pair_name))
+    return WhisperRunner(load_registry(models).get(pair_name), device=device())
 
 
 def how_to_get(ref: ModelRef) -> str:

@@ -212,7 +212,7 @@ def transcribe(paths: Iterable[str | Path], pair: Pair, options: TranscribeOptio
     called after each decoding step (a caller may stop the run there by raising). Raises LanguageError
     before any decoding when the pair's model cannot take ``options.language`` or ``options.task``."""
     require_vad(options.vad_filter)  # before any model loads
-    runner = runner or WhisperRunner(pair, options.dtype)
+    runner = runner or WhisperRunner(pair, options.dtype, options.device)
     runner.check_language(options)
     queue = list(find_audio(paths))
     active: list[_Cursor] = []

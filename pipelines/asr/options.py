@@ -27,7 +27,8 @@ class LanguageError(ValueError):
 class TranscribeOptions:
     language: str | None = "en"  # a language code ("en", "de", ...), or None to detect per file
     task: str = "transcribe"  # "transcribe" or "translate" (into English)
-    dtype: str | None = None  # compute dtype; None takes the pair's
+    dtype: str | None = None  # compute dtype; None: devices.resolve_dtype's (the pair's on a CPU)
+    device: str = "cpu"  # where the models run: "cpu", "cuda:0" (devices.resolve_device)
     max_new_tokens: int = 440  # per 30 s window (Whisper allows 448 positions including the prompt)
     use_assistant: bool = True  # False: plain decoding with the same main model
     compare: bool = False  # also decode plainly, to time it and check the outputs are identical

@@ -17,14 +17,17 @@ from .options import LanguageError, TranscribeOptions
 class WhisperRunner:
     """Holds one pair's models, tokenizer and feature extractor; never mutated per request."""
 
-    def __init__(self, pair: Pair, dtype: str | None = None) -> None:
+    def __init__(self, pair: Pair, dtype: str | None = None, device: str = "cpu") -> None:
+        """Load ``pair`` on ``device`` ("cpu", "cuda:0": ``devices.resolve_device``) in ``dtype`` (default:
+        ``devices.resolve_dtype``'s). Raises ModelUnavailableError when a model cannot be had."""
         import torch
         from transformers import WhisperFeatureExtractor
 
         from ..loading import resolve
 
         self.pair = pair
-        self.loaded = load_pair(pair, dtype)
+        self.loaded = load_pair(pair, dtype, device)
+        self.device = device
         self.model = self.loaded.main_model
         self.tokenizer = self.loaded.tokenizer
         where, kwargs = resolve(pair.main)
@@ -89,7 +92,7 @@ class WhisperRunner:
 
     def feats(self, windows: list[np.ndarray]):
         x = self.features(windows, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
-        return x.to(self.model.dtype)
+        return x.to(device=self.device, dtype=self.model.dtype)
 
     @cached_property
     def no_speech_id(self) -> int | None:

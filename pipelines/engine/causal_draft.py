@@ -37,7 +37,7 @@ def _rms_norm(module):
 
 
 def _bias(linear: torch.nn.Linear) -> torch.Tensor:
-    return linear.bias.detach() if linear.bias is not None else torch.zeros(linear.out_features, dtype=linear.weight.dtype)
+    return linear.bias.detach() if linear.bias is not None else torch.zeros(linear.out_features, dtype=linear.weight.dtype, device=linear.weight.device)
 
 
 class CausalDraftDecoder(LeanDecoder):

@@ -128,7 +128,7 @@ def accept_sampling(drafts: list[int], qs: list[torch.Tensor | None], logits: to
             q = torch.zeros_like(p[j])
             q[d] = 1.0
         ratio = float(p[j, d] / q[d]) if q[d] > 0 else 0.0
-        u = float(torch.rand((), generator=generator))
+        u = float(torch.rand((), generator=generator, device=p.device))
         if u < min(1.0, ratio):
             continue
         residual = torch.clamp(p[j] - q, min=0.0)
@@ -154,7 +154,8 @@ class AssistedDecoder:
                  encoder_inputs: dict | None = None, encoder_output: EncoderOutput | None = None) -> DecodeResult:
         t_start = time.perf_counter()
         rows = len(prompts)
-        generator = torch.Generator().manual_seed(options.seed) if options.seed is not None else None
+        # the seeded generator lives on the model's device, as the distributions it samples from
+        generator = torch.Generator(self.main.device).manual_seed(options.seed) if options.seed is not None else None
         sampling = options.sampling if options.do_sample else None
         use = options.use_drafter and self.make_drafter is not None
         drafter = self.make_drafter(rules, options.max_new_tokens) if use else None
@@ -207,18 +208,19 @@ class AssistedDecoder:
                 prompt_logits = logits[:, options.logits_at].clone()
             main_calls += 1
             width = max(len(dr) for dr in drafts) + 1
-            sel = torch.full((len(alive), width, logits.shape[-1]), float("-inf"))
-            lens = torch.full((len(alive), width), PAD_GEN_LEN, dtype=torch.long)
+            device = logits.device
+            sel = torch.full((len(alive), width, logits.shape[-1]), float("-inf"), device=device)
+            lens = torch.full((len(alive), width), PAD_GEN_LEN, dtype=torch.long, device=device)
             for b, (p, dr) in enumerate(zip(pending, drafts)):
                 if not done[b]:
                     sel[b, : len(dr) + 1] = logits[b, len(p) - 1 : len(p) + len(dr)]
-                    lens[b, : len(dr) + 1] = torch.arange(len(dr) + 1) + gen_lens[b]
+                    lens[b, : len(dr) + 1] = torch.arange(len(dr) + 1, device=device) + gen_lens[b]
             prefixes = None
             if rules.needs_prefix:
                 prefixes = [[seqs[b] + dr[:j] for j in range(len(dr) + 1)] for b, dr in enumerate(drafts)]
             apply_rules(rules, sel, lens, options.max_new_tokens, prefixes)
 
-            keep = torch.zeros(len(alive), logits.shape[1], dtype=torch.bool)
+            keep = torch.zeros(len(alive), logits.shape[1], dtype=torch.bool, device=device)
             accepted, emitted = [0] * len(alive), [[] for _ in alive]
             for b, (p, dr) in enumerate(zip(pending, drafts)):
                 if done[b]:
@@ -255,7 +257,7 @@ class AssistedDecoder:
                 alive, seqs, done = [alive[b] for b in keep_rows], [seqs[b] for b in keep_rows], [False] * len(keep_rows)
                 prompt_lens = [prompt_lens[b] for b in keep_rows]
                 pending = [pending[b] for b in keep_rows]
-                index = torch.tensor(keep_rows, dtype=torch.long)
+                index = torch.tensor(keep_rows, dtype=torch.long, device=self.main.device)
                 cache.select(index)
                 if enc is not None:
                     enc = enc.select(index)

@@ -125,7 +125,8 @@ class ModelDrafter(Drafter):
         col = int(torch.multinomial(q, 1, generator=generator))
         p_tok = float(q[col])
         if ids is not None:  # q over the whole vocabulary: zero outside the draft head
-            q = torch.zeros(self.decoder.config.vocab_size, dtype=q.dtype).index_copy_(0, torch.tensor(ids), q)
+            q = torch.zeros(self.decoder.config.vocab_size, dtype=q.dtype, device=q.device).index_copy_(
+                0, torch.tensor(ids, device=q.device), q)
             col = ids[col]
         return col, q, p_tok
 
@@ -149,8 +150,9 @@ class ModelDrafter(Drafter):
             self.cache.commit(real)
             steps += 1
             last = real.sum(dim=1).clamp(min=1) - 1
-            nxt = logits[torch.arange(rows), last][:, None, :]  # (B, 1, V): the next-token logits per row
-            lens = torch.tensor([[gen_lens[b] + len(tokens[b]) if active[b] else PAD_GEN_LEN] for b in range(rows)])
+            nxt = logits[torch.arange(rows, device=logits.device), last][:, None, :]  # (B, 1, V): next-token logits per row
+            lens = torch.tensor([[gen_lens[b] + len(tokens[b]) if active[b] else PAD_GEN_LEN] for b in range(rows)],
+                                device=logits.device)
             prefixes = [[seqs[b] + tokens[b]] for b in range(rows)] if self.rules.needs_prefix else None
             apply_rules(self.rules, nxt, lens, self.max_new, prefixes, self.decoder.vocab_ids)
             for b in range(rows):

@@ -85,24 +85,25 @@ class FixedShapeDecoder(Decoder):
 
     def forward(self, chunks: list[list[int]], cache: FixedCache, enc: EncoderOutput | None, pad_id: int,
                 need_from: list[int] | None = None):
-        """Logits (B, n, V) float32 for ``chunks`` (one list of new tokens per row, n the longest), and the
-        real-token flags (B, n). ``need_from[b]``: the first chunk token whose logits the caller reads;
+        """Logits (B, n, V) float32 on the model's device for ``chunks`` (one list of new tokens per row, n the
+        longest), and the real-token flags (B, n). ``need_from[b]``: the first chunk token whose logits the caller reads;
         tokens before it go through the prompt pass, without the head. Columns not computed are 0."""
         batch, n = len(chunks), max(1, max(len(c) for c in chunks))
-        real = torch.zeros(batch, n, dtype=torch.bool)
+        device = self.head_weight.device
+        real = torch.zeros(batch, n, dtype=torch.bool, device=device)
         for b, c in enumerate(chunks):
             real[b, : len(c)] = True
         need = [min(max(0, f), len(c)) for f, c in zip(need_from or [0] * batch, chunks)]
         self._begin(cache, enc)
         if max(need):  # the prompt pass: tokens 0 .. need[b] - 1 of every row, width max(need)
             self._layers(*self._tile(chunks, [0] * batch, need, max(need), cache.next_pos, pad_id), cache)
-        logits = torch.zeros(batch, n, self.head_weight.shape[0])
+        logits = torch.zeros(batch, n, self.head_weight.shape[0], device=device)
         passes = max(-(-(len(c) - m) // self.width) for c, m in zip(chunks, need))
         for i in range(passes):  # pass i: tokens need + i W ... need + (i + 1) W - 1 of every row
             first = [m + i * self.width for m in need]
             count = [max(0, min(self.width, len(c) - f)) for c, f in zip(chunks, first)]
             ids, positions, where = self._tile(chunks, first, count, self.width, cache.next_pos, pad_id)
-            out = self._head(self._layers(ids, positions, where, cache)).float().view(batch, self.width, -1).cpu()
+            out = self._head(self._layers(ids, positions, where, cache)).float().view(batch, self.width, -1)
             for b, col, j in where:
                 logits[b, j] = out[b, col]
         return logits, real

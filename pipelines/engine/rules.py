@@ -206,7 +206,7 @@ def apply_rules(rules: Rules, logits: torch.Tensor, gen_lens: torch.Tensor, max_
     if rules.timestamps is not None and prefixes is not None and where:
         # (the order of transformers' list: suppressions, then timestamps, then the other processors)
         rows, cols = zip(*where)
-        index = (torch.tensor(rows), torch.tensor(cols))
+        index = (torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device))
         flat = logits[index]
         apply_timestamp_rules(rules.timestamps, flat, [rules.timestamps.state(prefixes[b][j]) for b, j in where], vocab)
         logits[index] = flat
@@ -217,7 +217,7 @@ def apply_rules(rules: Rules, logits: torch.Tensor, gen_lens: torch.Tensor, max_
         if rules.forced_last is not None and g == max_new_tokens - 1:
             _force(logits[b, j], _column(vocab, rules.forced_last))
         if processors and prefixes is not None and j < len(prefixes[b]):
-            ids = torch.tensor([prefixes[b][j]], dtype=torch.long)
+            ids = torch.tensor([prefixes[b][j]], dtype=torch.long, device=logits.device)
             scores = logits[b, j][None]
             for proc in processors:
                 scores = proc(ids, scores)

@@ -138,7 +138,7 @@ class WhisperDraftDecoder(LeanDecoder):
             })
         head = model.proj_out.weight.detach()
         if self.vocab_ids is not None:
-            head = head.index_select(0, torch.tensor(self.vocab_ids, dtype=torch.long))
+            head = head.index_select(0, torch.tensor(self.vocab_ids, dtype=torch.long, device=head.device))
         self.head = lin(head)
 
     @property

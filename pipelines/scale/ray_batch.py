@@ -48,7 +48,7 @@ class TranscribeActor:
         self.pair, self.options = pair, options
         device = "cuda" if ray.get_gpu_ids() else "cpu"
         with torch.device(device):  # transformers places the weights on the context's device
-            self.runner = WhisperRunner(pair, options.dtype)
+            self.runner = WhisperRunner(pair, options.dtype, options.device)
 
     def __call__(self, batch):
         import pyarrow as pa

@@ -1,0 +1,81 @@
+"""The ``tandem`` command line: ``main`` parses (``parser.build_parser``), resolves the device once, runs the
+command (``commands.cmd_*``) and turns the errors users can fix into one line and exit status 2."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .commands import serve, ui_command
+from .parser import build_parser
+
+__all__ = ["build_parser", "main", "serve", "ui_command"]
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    import warnings
+
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+# Commands whose models may run on CUDA; the others run on the CPU ("auto" means the CPU for them).
+
+
+CUDA_COMMANDS = {"transcribe", "translate", "summarize", "eval", "regress", "demo", "ui", ("bench", "asr")}
+
+
+def _resolve_device(args: argparse.Namespace) -> str:
+    """The command's device, resolved once (``devices.resolve_device``); DeviceError for one it cannot use."""
+    from ..devices import DeviceError, resolve_device
+
+    command = args.command if args.command != "bench" else ("bench", args.bench_command)
+    requested = getattr(args, "device", None)
+    if command in CUDA_COMMANDS:
+        return resolve_device(requested)
+    if resolve_device(requested) != "cpu" and (requested or os.environ.get("TANDEM_DEVICE", "auto")) != "auto":
+        name = command if isinstance(command, str) else " ".join(command)
+        raise DeviceError(f"tandem {name} runs on the CPU only so far: use --device cpu")
+    return "cpu"
+
+
+def _set_threads(n: int | None) -> None:
+    import torch
+
+    if n:
+        torch.set_num_threads(n)
+
+
+def main(argv: list[str] | None = None) -> int:
+    _quiet_libraries()
+    args = build_parser().parse_args(argv)
+    _set_threads(args.threads)
+    from ..devices import DeviceError
+
+    try:
+        args.device = _resolve_device(args)
+    except DeviceError as exc:
+        print(f"tandem: {exc}", file=sys.stderr)
+        return 2
+    from ..asr import LanguageError
+    from ..audio import AudioDecodeError
+    from ..distill import DistillError
+    from ..regress import RegressConfigError, RegressRunError
+    from ..evalsets import DataBuildError
+    from ..loading import ModelUnavailableError
+    from ..registry import RegistryError
+
+    try:
+        return args.func(args)
+    except (RegistryError, ModelUnavailableError, DataBuildError, AudioDecodeError, DistillError, RegressConfigError,
+            RegressRunError, LanguageError) as exc:
+        print(f"tandem: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tandem: interrupted", file=sys.stderr)
+        return 130
+

@@ -1,0 +1,326 @@
+"""The ``tandem`` commands: one ``cmd_*`` function per command, each taking the parsed arguments (their device
+already resolved, ``args.device``) and returning the exit status (0 done, 1 some work failed or a regression, 2
+the command could not start)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+
+# ----------------------------------------------------------------------------------------------------
+# tandem models
+
+
+def _unavailable(pair) -> str:
+    from ..loading import how_to_get
+    from ..registry import missing_offline
+
+    hints = dict.fromkeys(how_to_get(ref) for ref in missing_offline(pair))  # in order, once each
+    return "not available; " + "; ".join(hints)
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from ..registry import load_registry, missing_offline, preflight
+
+    registry = load_registry(args.models)
+    rows = []
+    for pair in registry.pairs.values():
+        if pair.test_only and not args.all:
+            continue
+        offline = not missing_offline(pair)
+        drafter = {"none": "none (plain decoding)", "prompt-lookup": "prompt lookup"}.get(
+            pair.draft, f"{pair.assistant}" + (" + prompt lookup" if pair.draft == "model+prompt-lookup" else "")
+            + (", int8 weights" if pair.assistant_int8 else "")
+        )
+        default = " (default)" if registry.defaults.get(pair.task) == pair.name else ""
+        rows.append((pair, default, drafter, offline, preflight(pair, online=args.online)))
+    print(f"pairs in {registry.path}")
+    for pair, default, drafter, offline, verdict in rows:
+        print(f"\n{pair.name}{default}{'  [test only]' if pair.test_only else ''}")
+        print(f"  task:        {pair.task}")
+        print(f"  main:        {pair.main}")
+        print(f"  drafter:     {drafter}{'  (reads the main encoder output)' if pair.share_encoder else ''}")
+        print(f"  dtype:       {pair.dtype}")
+        print(f"  offline:     {'available' if offline else _unavailable(pair)}")
+        print(f"  pre-flight:  {verdict.summary()}")
+    failed = [p.name for p, *_, v in rows if v.ok is False]
+    return 1 if failed else 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# tandem data
+
+
+def cmd_data_build(args: argparse.Namespace) -> int:
+    from ..evalsets import SETS, DataBuildError, build_set
+
+    names = args.sets or list(SETS)
+    status = 0
+    for name in names:
+        start = time.perf_counter()
+        try:
+            info = build_set(name, force=args.force)
+        except DataBuildError as exc:
+            print(f"{name}: FAILED: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        what = "built" if info.built else "up to date"
+        print(f"{name}: {what}, {info.count} items in {info.folder} ({time.perf_counter() - start:.1f} s)")
+    return status
+
+
+def cmd_data_list(args: argparse.Namespace) -> int:
+    from ..evalsets import MANIFEST, SETS, set_dir
+
+    for name in SETS:
+        manifest = set_dir(name) / MANIFEST
+        state = f"built: {manifest}" if manifest.is_file() else "not built"
+        print(f"{name:18s} {state}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# tandem transcribe / demo
+
+
+def _safeguards(args: argparse.Namespace) -> dict:
+    return {"temperature": args.temperature, "compression_ratio_threshold": args.compression_ratio_threshold,
+            "logprob_threshold": args.logprob_threshold, "no_speech_threshold": args.no_speech_threshold,
+            "vad_filter": args.vad_filter}
+
+
+def cmd_transcribe(args: argparse.Namespace) -> int:
+    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
+    from ..outputs import FORMATS
+
+    bad = [f for f in formats if f not in FORMATS]
+    if bad:
+        print(f"tandem: unknown format {bad[0]!r}; choose from {', '.join(FORMATS)}", file=sys.stderr)
+        return 2
+    from ..batch import run_transcribe
+
+    ray = None
+    if args.ray is not None:
+        from ..scale import RayOptions
+
+        try:
+            ray = RayOptions(address=args.ray, actors=args.actors, threads_per_actor=args.threads_per_actor,
+                             files_per_task=args.files_per_task)
+        except ValueError as e:
+            print(f"tandem: {e}", file=sys.stderr)
+            return 2
+    return run_transcribe(args.paths, args.pair, args.language, args.task, args.dtype, args.refs, args.models,
+                          use_assistant=not args.no_assistant, compare=args.compare, out=args.out, formats=formats,
+                          batch_size=args.batch_size, timestamps=args.timestamps, long_form=args.long_form,
+                          lookahead=args.lookahead, safeguards=_safeguards(args), ray=ray, device=args.device)
+
+
+def _read_texts(args: argparse.Namespace) -> list[str]:
+    texts = [sys.stdin.read() if t == "-" else t for t in args.text or []]  # "-": standard input
+    for name in args.file or []:
+        texts.append(Path(name).read_text(encoding="utf-8"))
+    if not texts and not sys.stdin.isatty():
+        texts.append(sys.stdin.read())
+    return texts
+
+
+def cmd_text(args: argparse.Namespace) -> int:
+    from ..metrics import bleu, chrf, rouge
+    from ..registry import load_registry
+    from ..text import TextInputError, TextOptions, run_text
+
+    task = args.command
+    registry = load_registry(args.models)
+    pair = registry.get(args.pair) if args.pair else registry.default(task)
+    texts = _read_texts(args)
+    if not any(t.strip() for t in texts):  # checked before any model is loaded
+        print(f"tandem: the input is empty: nothing to {task} (give TEXT, --file or standard input)", file=sys.stderr)
+        return 2
+    options = TextOptions(src=getattr(args, "src", None), tgt=getattr(args, "tgt", None),
+                          max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                          use_assistant=not args.no_assistant, compare=args.compare,
+                          long_input=getattr(args, "long_input", "chunk"))
+    try:
+        results = run_text(pair, task, texts, options, device=args.device)
+    except TextInputError as exc:
+        print(f"tandem: {exc}", file=sys.stderr)
+        return 2
+    for r in results:
+        for note in r.notes:
+            print(f"note: {note}", file=sys.stderr)
+        print(r.output)
+    tokens = sum(r.tokens for r in results)
+    seconds = sum(r.seconds for r in results)
+    drafted, accepted = sum(r.drafted for r in results), sum(r.accepted for r in results)
+    calls = sum(r.main_calls for r in results)
+    summary = [f"{len(results)} input(s) on {args.device}, {tokens} tokens in {seconds:.2f} s ({tokens / max(seconds, 1e-9):.1f} tok/s), "
+               f"{tokens / max(calls, 1e-9):.2f} tokens per main-model call"]
+    if drafted:
+        summary.append(f"acceptance {accepted / drafted:.2f}")
+    compared = [r for r in results if r.plain_seconds is not None]
+    if compared:
+        plain_s = sum(r.plain_seconds for r in compared)
+        summary.append(f"vs plain {plain_s / max(seconds, 1e-9):.2f}x, identical {sum(bool(r.identical) for r in compared)}/{len(compared)}")
+    if args.refs:
+        refs = [Path(f).read_text(encoding="utf-8").strip() for f in args.refs]
+        hyps = [r.output for r in results]
+        if len(refs) != len(hyps):
+            print(f"tandem: {len(refs)} references for {len(hyps)} inputs", file=sys.stderr)
+            return 2
+        if task == "translate":
+            summary.append(f"BLEU {bleu(hyps, refs).value:.1f}, chrF {chrf(hyps, refs).value:.1f}")
+        else:
+            scores = rouge(hyps, refs)
+            summary.append("ROUGE-1/2/L " + "/".join(f"{scores[k].value:.3f}" for k in ("rouge1", "rouge2", "rougeL")))
+    print("summary: " + "; ".join(summary), file=sys.stderr)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from ..engine import parse_policy
+    from ..evaluation import evaluate, format_report, write_report
+
+    try:
+        policy = parse_policy(args.lookahead)
+    except ValueError as e:
+        print(f"tandem: {e}", file=sys.stderr)
+        return 2
+    report = evaluate(args.task, args.pair, args.set, limit=args.limit, repeats=args.repeats, dtype=args.dtype,
+                      models=args.models, policy=policy, device=args.device)
+    print(format_report(report))
+    if args.json:
+        write_report(report, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def cmd_bench_engine(args: argparse.Namespace) -> int:
+    from ..bench import bench_engine
+
+    bench_engine(limit=args.limit, json_path=args.json, include_toys=not args.no_toys, end_to_end=args.end_to_end,
+                 dtype=args.dtype)
+    return 0
+
+
+def cmd_bench_asr(args: argparse.Namespace) -> int:
+    from ..bench import bench_asr
+
+    sets = tuple(x.strip() for x in args.sets.split(",") if x.strip())
+    bench_asr(args.pair, sets, args.limit, args.batch_size, args.json, chunk_batch=args.chunk_batch, device=args.device)
+    return 0
+
+
+def cmd_bench_text(args: argparse.Namespace) -> int:
+    from ..bench_text import bench_text
+
+    bench_text(args.task, args.pair, args.limit, args.max_new_tokens, args.json)
+    return 0
+
+
+def cmd_bench_scale(args: argparse.Namespace) -> int:
+    from ..scale import require_ray
+    from ..scale.bench import bench_scale
+
+    try:
+        require_ray()
+    except ImportError as e:
+        print(f"tandem: {e}", file=sys.stderr)
+        return 2
+    actors = tuple(int(x) for x in args.actors.split(",") if x.strip())
+    bench_scale(args.pair, args.set, args.limit, args.batch_size, actors, args.threads_per_actor, args.json)
+    return 0
+
+
+def cmd_distill(args: argparse.Namespace) -> int:
+    from ..distill import DistillOptions, distill
+
+    data = tuple(args.data) if args.data else ("debian-speech",)
+    opts = DistillOptions(main=args.main, out=Path(args.out), layers=args.layers, data=data, clips=args.clips,
+                          heldout=args.heldout, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                          draft_vocab=args.draft_vocab, budget_minutes=args.budget_minutes, resume=args.resume)
+    folder = distill(opts)
+    if folder is None:
+        print(f"stopped at the budget; go on with: tandem distill ... --out {args.out} --resume")
+        return 3
+    print(f"assistant: {folder} (see CARD.md there)")
+    return 0
+
+
+def cmd_regress(args: argparse.Namespace) -> int:
+    from ..paths import PROJECT_ROOT
+    from ..regress import accept, load_config, regress
+
+    config = load_config(args.config or PROJECT_ROOT / "data" / "nightly.yaml")
+    if args.accept is not None:
+        accept(config, args.accept)
+        print(f"run {args.accept} accepted: it is now the baseline")
+        return 0
+    run_id, findings, notes, report = regress(config, pin=args.pin, device=args.device)
+    for line in notes:
+        print(line, file=sys.stderr)
+    for f in findings:
+        print(f"REGRESSION: {f.line}", file=sys.stderr)
+    print(f"run {run_id}: {'FAIL' if findings else 'PASS'}; report {report}")
+    return 1 if findings else 0
+
+
+def ui_command(port: int) -> list[str]:
+    """The streamlit command line that serves ui/app.py on 127.0.0.1 (usage statistics off)."""
+    from ..paths import PROJECT_ROOT
+
+    return [sys.executable, "-m", "streamlit", "run", str(PROJECT_ROOT / "ui" / "app.py"),
+            "--server.address", "127.0.0.1", "--server.port", str(port), "--server.headless", "true",
+            "--browser.gatherUsageStats", "false"]
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from ..paths import PROJECT_ROOT
+
+    env = dict(os.environ)
+    if args.models:
+        env["TANDEM_MODELS"] = str(Path(args.models).resolve())
+    env["TANDEM_DEVICE"] = args.device  # resolved here: the app loads its models there
+    print(f"Tandem UI on http://127.0.0.1:{args.port}, models on {args.device} (Ctrl-C stops it)")
+    return serve(ui_command(args.port), cwd=PROJECT_ROOT / "ui", env=env)
+
+
+def serve(command: list[str], cwd: Path, env: dict[str, str]) -> int:
+    """Run a server child until it exits, handing it SIGINT and SIGTERM (``kill PID`` on us stops it too, so
+    it never outlives us holding its port). Returns its exit status (128 + the signal for a signalled exit)."""
+    import signal
+    import subprocess
+
+    child = subprocess.Popen(command, cwd=cwd, env=env)
+
+    def forward(signum, _frame) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while True:
+            try:
+                code = child.wait()
+                break
+            except KeyboardInterrupt:  # a handler replaced by an embedding caller: pass it on and keep waiting
+                forward(signal.SIGINT, None)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 128 - code if code < 0 else code
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Build the real-speech sample set and transcribe it on the default ASR pair, also decoding plainly
+    (--compare) so the summary shows the speedup and the identical-output rate next to the WER."""
+    from ..batch import run_transcribe
+    from ..evalsets import MANIFEST, build_set
+
+    info = build_set("speech-real")
+    print(f"sample audio: {info.count} real utterances in {info.folder / 'audio'}")
+    return run_transcribe([str(info.folder / "audio")], None, "en", "transcribe", None,
+                          str(info.folder / MANIFEST), args.models, compare=True, batch_size=1, device=args.device)

@@ -1,0 +1,64 @@
+"""Where the models run: the device, resolved once per process from ``--device`` or ``$TANDEM_DEVICE``, and the
+dtype that goes with it. Both travel as plain values (``"cpu"``, ``"cuda:0"``; ``"float32"``, ...) from here to
+``pairs.load_pair``, the summaries, the resume signatures, the evaluation environment and the regression key.
+
+Sources: ``torch.cuda.is_available``, ``torch.cuda.device_count`` and ``torch.cuda.is_bf16_supported``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+CHOICES = "auto, cpu, cuda or cuda:N"
+ENV = "TANDEM_DEVICE"
+
+
+class DeviceError(ValueError):
+    """The device asked for does not exist here (one sentence, for the command line's exit 2)."""
+
+
+def resolve_device(requested: str | None = None) -> str:
+    """The device to run on, as torch names it: ``"cpu"`` or ``"cuda:N"``.
+
+    ``requested``: ``auto`` (CUDA device 0 when there is one, else the CPU), ``cpu``, ``cuda`` (device 0) or
+    ``cuda:N``; None reads ``$TANDEM_DEVICE`` and defaults to ``auto``. Raises DeviceError for an unknown name,
+    for CUDA on a machine without it, and for an index past the last device."""
+    import torch
+
+    name = (requested or os.environ.get(ENV) or "auto").strip().lower()
+    if name == "cpu":
+        return "cpu"
+    if name == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    match = re.fullmatch(r"cuda(?::(\d+))?", name)
+    if match is None:
+        raise DeviceError(f"unknown device {name!r}: choose {CHOICES}")
+    if not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise DeviceError(f"device {name!r}: no CUDA device is available here (torch {torch.__version__}, {build}); "
+                          f"use --device cpu or auto")
+    index, count = int(match.group(1) or 0), torch.cuda.device_count()
+    if index >= count:
+        raise DeviceError(f"device {name!r}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    return f"cuda:{index}"
+
+
+def resolve_dtype(device: str, requested: str | None, pair_dtype: str) -> str:
+    """The compute dtype: ``requested`` when given; else on a CPU the pair's own (``models.yaml``), on CUDA
+    bfloat16 where the device supports it (float32's range: no overflow), else float16. The pairs' float32 is
+    a CPU choice; a GPU's matrix units run half precision, and assisted output equals plain output in every
+    dtype by construction (``engine/fixed.py``). Not yet measured against float16 on a GPU (issue 14)."""
+    if requested:
+        return requested
+    if not device.startswith("cuda"):
+        return pair_dtype
+    import torch
+
+    return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+
+
+def int8_allowed(device: str) -> bool:
+    """Dynamic int8 quantization (``torch.ao`` quantized linear layers, the assistant's ``assistant_int8``) has
+    CPU kernels only: on other devices the assistant keeps the compute dtype."""
+    return device == "cpu"

@@ -1,0 +1,131 @@
+"""The device as a value: resolved once (``--device``, ``$TANDEM_DEVICE``), refused in one line where it does
+not exist, part of the summaries, the resume signature and the evaluation environment; the engine creates
+every tensor on its model's device."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipelines.asr import TranscribeOptions
+from pipelines.cli import main
+from pipelines.devices import DeviceError, int8_allowed, resolve_device, resolve_dtype
+from pipelines.outputs import run_signature
+from pipelines.paths import PROJECT_ROOT
+
+
+@pytest.fixture
+def no_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("TANDEM_DEVICE", raising=False)
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """A machine with two CUDA devices, as torch reports it (nothing runs on them here)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.delenv("TANDEM_DEVICE", raising=False)
+
+
+def test_names_resolve_to_torch_devices(no_cuda, monkeypatch):
+    assert resolve_device("cpu") == resolve_device("auto") == resolve_device(None) == "cpu"
+    assert resolve_device(" CPU ") == "cpu"
+    monkeypatch.setenv("TANDEM_DEVICE", "cpu")
+    assert resolve_device() == "cpu"
+    for bad in ("gpu", "cuda:x", "cuda:-1", "mps"):
+        with pytest.raises(DeviceError, match="unknown device"):
+            resolve_device(bad)
+    with pytest.raises(DeviceError, match="no CUDA device is available here"):
+        resolve_device("cuda")
+
+
+def test_cuda_indices_and_the_dtype_that_goes_with_them(two_gpus, monkeypatch):
+    assert resolve_device("auto") == resolve_device("cuda") == "cuda:0"
+    assert resolve_device("cuda:1") == "cuda:1"
+    with pytest.raises(DeviceError, match="2 CUDA device"):
+        resolve_device("cuda:2")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert resolve_dtype("cuda:0", None, "float32") == "bfloat16"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    assert resolve_dtype("cuda:1", None, "float32") == "float16"
+    assert resolve_dtype("cuda:0", "float32", "float32") == "float32"  # asked for: kept
+    assert resolve_dtype("cpu", None, "bfloat16") == "bfloat16"  # the CPU: the pair's own
+    assert int8_allowed("cpu") and not int8_allowed("cuda:0")
+
+
+@pytest.mark.parametrize("argv", [
+    ["--device", "cuda", "transcribe", "x.wav"],
+    ["transcribe", "x.wav", "--device", "cuda:1"],
+    ["eval", "--task", "asr", "--pair", "p", "--set", "s", "--device", "cuda"],
+    ["--device", "tpu", "regress"],
+    ["bench", "asr", "--device", "cuda"],
+])
+def test_a_device_that_is_not_here_is_one_line_and_exit_2(no_cuda, capsys, argv):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("tandem: ") and "\n" not in err and "Traceback" not in err
+
+
+def test_the_environment_variable_is_read_when_no_option_is_given(no_cuda, monkeypatch, capsys):
+    monkeypatch.setenv("TANDEM_DEVICE", "cuda")
+    assert main(["transcribe", "x.wav"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+    assert main(["--device", "cpu", "transcribe", "no-such-file.wav"]) == 2  # the option wins: the file is next
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_cpu_only_commands_refuse_cuda_but_take_auto(two_gpus, capsys):
+    assert main(["bench", "engine", "--device", "cuda"]) == 2
+    assert "runs on the CPU only so far" in capsys.readouterr().err
+    assert main(["--device", "cuda", "distill", "--main", "m", "--out", "o"]) == 2
+
+
+def test_device_is_part_of_the_resume_signature():
+    cpu = TranscribeOptions()
+    assert run_signature("p", cpu) == run_signature("p", TranscribeOptions(device="cpu"))
+    assert run_signature("p", cpu) != run_signature("p", TranscribeOptions(device="cuda:0"))
+    assert run_signature("p", TranscribeOptions(device="cuda:0")) != run_signature("p", TranscribeOptions(device="cuda:1"))
+
+
+def test_the_transcribe_summary_names_dtype_and_device(registry):
+    from pipelines.batch import _mode
+
+    pair = registry.get("whisper-base+distilled")
+    assert ", float32 on cpu, batch 4" in _mode(pair, TranscribeOptions(), None)
+    assert ", bfloat16 on cpu, batch 1" in _mode(pair, TranscribeOptions(dtype="bfloat16", batch_size=1), None)
+
+
+# Tensor factories that must say where: in the engine every new tensor is created on its model's (or its
+# logits') device. Exempt: FixedShapeDecoder._tile builds a pass's ids and positions on the host, and the
+# subclass moves them in one copy; int8 quantization runs on a CPU only.
+FACTORIES = {"tensor", "zeros", "ones", "full", "empty", "arange", "eye", "rand", "randn", "randint", "as_tensor"}
+HOST_BUILT = {("fixed.py", "_tile"), ("lean.py", "__init__")}
+
+
+def _factory_calls_without_device(path: Path):
+    tree = ast.parse(path.read_text())
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or (path.name, fn.name) in HOST_BUILT:
+            continue
+        for node in ast.walk(fn):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in FACTORIES
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"
+                    and not any(k.arg == "device" for k in node.keywords)):
+                yield f"{path.name}:{node.lineno} torch.{node.func.attr} in {fn.name}"
+
+
+def test_every_engine_tensor_is_created_on_a_device():
+    missing = [hit for path in sorted((PROJECT_ROOT / "pipelines" / "engine").glob("*.py"))
+               for hit in _factory_calls_without_device(path)]
+    assert not missing, missing
+
+
+def test_the_detector_finds_a_host_tensor(tmp_path):
+    """The check above can fail: a factory call without device= in an engine function is reported."""
+    bad = tmp_path / "core.py"
+    bad.write_text("import torch\n\ndef step(x):\n    return torch.zeros(3) + torch.ones(3, device=x.device)\n")
+    assert list(_factory_calls_without_device(bad)) == ["core.py:4 torch.zeros in step"]
