@@ -207,7 +207,7 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_asr(args: argparse.Namespace) -> int:
-    from ..bench import bench_asr
+    from ..bench_asr import bench_asr
 
     sets = tuple(x.strip() for x in args.sets.split(",") if x.strip())
     bench_asr(args.pair, sets, args.limit, args.batch_size, args.json, chunk_batch=args.chunk_batch, device=args.device)
