@@ -129,3 +129,18 @@ def test_the_detector_finds_a_host_tensor(tmp_path):
     bad = tmp_path / "core.py"
     bad.write_text("import torch\n\ndef step(x):\n    return torch.zeros(3) + torch.ones(3, device=x.device)\n")
     assert list(_factory_calls_without_device(bad)) == ["core.py:4 torch.zeros in step"]
+
+
+def test_bench_shapes_oracle_sets_the_acceptance_and_output_stays_exact(monkeypatch, tmp_path):
+    """The shapes benchmark on a tiny shape: an oracle that is always wrong gives one token per main call, one
+    that is always right lookahead + 1; the assisted output equals Tandem plain's either way."""
+    from pipelines import bench_shapes
+
+    monkeypatch.setitem(bench_shapes.SHAPES, "tiny", {"d_model": 64, "decoder_layers": 2, "decoder_attention_heads": 4,
+                                                      "decoder_ffn_dim": 128, "vocab_size": 500})
+    report = bench_shapes.bench_shapes("tiny", tokens=24, acceptances=(0.0, 1.0), lookahead=3,
+                                       json_path=str(tmp_path / "s.json"), log=lambda *_: None)
+    never, always = report["rows_out"][2:]
+    assert never["identical"] and always["identical"]
+    assert never["tokens_per_call"] == 1.0 and always["tokens_per_call"] >= 3.5
+    assert report["environment"]["device"] == "cpu" and (tmp_path / "s.json").is_file()

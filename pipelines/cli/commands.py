@@ -214,6 +214,18 @@ def cmd_bench_asr(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_shapes(args: argparse.Namespace) -> int:
+    from ..bench_shapes import bench_shapes
+
+    acceptances = tuple(float(a) for a in args.acceptance.split(",") if a.strip())
+    if not acceptances or any(not 0.0 <= a <= 1.0 for a in acceptances):
+        print(f"tandem: --acceptance takes numbers from 0 to 1, not {args.acceptance!r}", file=sys.stderr)
+        return 2
+    bench_shapes(args.shape, args.tokens, args.rows, acceptances, args.lookahead, args.dtype, args.device,
+                 args.assistant_layers, args.json)
+    return 0
+
+
 def cmd_bench_text(args: argparse.Namespace) -> int:
     from ..bench_text import bench_text
 

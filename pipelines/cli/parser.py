@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .. import __version__
-from .commands import (cmd_bench_asr, cmd_bench_engine, cmd_bench_scale, cmd_bench_text, cmd_data_build, cmd_data_list,
+from .commands import (cmd_bench_asr, cmd_bench_engine, cmd_bench_scale, cmd_bench_shapes, cmd_bench_text, cmd_data_build, cmd_data_list,
                        cmd_demo, cmd_distill, cmd_eval, cmd_models, cmd_regress, cmd_text, cmd_transcribe, cmd_ui)
 
 
@@ -162,6 +162,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "faster-whisper's batched pipeline (default: %(default)s)")
     b.add_argument("--json", default="reports/bench-asr.json", help="where to write the figures (default: %(default)s)")
     b.set_defaults(func=cmd_bench_asr)
+    b = command(bench_sub, "shapes", help="assisted decoding's speed-up against acceptance at a model's real shapes (random "
+                "weights, an oracle drafter of fixed acceptance), against transformers generate and Tandem plain")
+    b.add_argument("--shape", choices=["whisper-base", "whisper-large-v3"], default="whisper-base",
+                   help="decoder shape: layers, d_model, heads, vocabulary (default: %(default)s)")
+    b.add_argument("--tokens", type=int, default=64, help="new tokens per row (default: %(default)s)")
+    b.add_argument("--rows", type=int, default=1, help="rows decoded together (default: %(default)s)")
+    b.add_argument("--acceptance", default="0.6,0.8,0.9", help="the oracle's per-token acceptance, comma-separated (default: %(default)s)")
+    b.add_argument("--lookahead", type=int, default=3, help="drafts per round, constant (default: %(default)s)")
+    b.add_argument("--assistant-layers", type=int, default=2, help="decoder layers of the assistant (default: %(default)s)")
+    b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                   help="(default: float32 on a CPU, bfloat16 on CUDA)")
+    b.add_argument("--json", default="reports/bench-shapes.json", help="where to write the figures (default: %(default)s)")
+    b.set_defaults(func=cmd_bench_shapes)
     b = command(bench_sub, "text", help="transformers plain/assisted vs Tandem plain and each drafter, same chat prompts, batch 1")
     b.add_argument("--task", choices=["summarize", "translate"], default="summarize")
     b.add_argument("--pair", help="text pair from the registry (default: the task's default, the embedded Qwen pair)")

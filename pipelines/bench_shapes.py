@@ -1,0 +1,169 @@
+"""``tandem bench shapes``: what assisted decoding gains at a model's real shapes, without its weights.
+
+A user with hub access can judge a large pair that cannot be loaded here (whisper-large-v3 with a 2-layer
+assistant, as distil-large-v3 is) from this: random-weight models shaped like it (decoder layers, d_model,
+heads, feed-forward width, the full-vocabulary head) run through the same engine, and an oracle drafter
+whose acceptance is fixed. The oracle runs the real 2-layer assistant for every draft step (so drafting
+costs what it would) and then replaces its tokens by the main model's own greedy tokens, each kept with
+probability ``acceptance`` (a wrong token after it rejects the rest): the speed-up against acceptance at the
+real step costs. Side by side in one run: transformers' eager ``generate`` (plain greedy), Tandem plain, and
+Tandem assisted at each acceptance; every assisted output is checked equal to Tandem plain's.
+
+The encoder is not timed: its output is a random (rows, 1500, d_model) tensor shared by every system.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .engine import AssistedDecoder, DecodeOptions, PolicyOptions, Rules, as_decoder, model_drafter
+from .engine.decoders import EncoderOutput
+from .engine.drafters import Drafter, Drafts, DrafterFactory
+
+# Decoder shapes of the OpenAI checkpoints (their config.json on the hub).
+SHAPES = {
+    "whisper-base": {"d_model": 512, "decoder_layers": 6, "decoder_attention_heads": 8, "decoder_ffn_dim": 2048,
+                     "vocab_size": 51865},
+    "whisper-large-v3": {"d_model": 1280, "decoder_layers": 32, "decoder_attention_heads": 20, "decoder_ffn_dim": 5120,
+                         "vocab_size": 51866},
+}
+PROMPT = [1, 2, 3]  # any ids: the models are random
+
+
+@dataclass(frozen=True)
+class ShapeRow:
+    system: str
+    acceptance: float | None  # the oracle's per-token acceptance (assisted rows)
+    seconds: float  # decoding wall time, all rows, encoder not included
+    tokens: int
+    tokens_per_call: float | None  # tokens per main-model pass per row
+    speedup: float  # against Tandem plain: its seconds / these
+    vs_generate: float  # against transformers' eager generate: its seconds / these
+    identical: bool | None  # equal to Tandem plain's tokens (assisted rows)
+
+
+def random_whisper(shape: dict, layers: int, dtype: torch.dtype, device: str, causal: bool, seed: int):
+    """A Whisper model with random weights and ``shape``'s decoder (``layers`` of them); the encoder is one
+    small layer (never run). ``causal``: a decoder-only WhisperForCausalLM (the assistant)."""
+    from transformers import WhisperConfig, WhisperForCausalLM, WhisperForConditionalGeneration
+
+    torch.manual_seed(seed)
+    config = WhisperConfig(**dict(shape, decoder_layers=layers), encoder_layers=1, encoder_attention_heads=2,
+                           encoder_ffn_dim=64, max_source_positions=1500, max_target_positions=448,
+                           pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
+    cls = WhisperForCausalLM if causal else WhisperForConditionalGeneration
+    return cls(config).to(device=device, dtype=dtype).eval()
+
+
+class OracleDrafter(Drafter):
+    """Runs ``inner`` (a model drafter: the real draft cost), then proposes the main model's own next tokens
+    (``reference``, per row), each kept with probability ``acceptance``, a wrong one after the first miss."""
+
+    def __init__(self, inner: Drafter, reference: list[list[int]], acceptance: float, rng: random.Random,
+                 vocab: int) -> None:
+        self.inner, self.reference, self.acceptance, self.rng, self.vocab = inner, reference, acceptance, rng, vocab
+        self.rows = list(range(len(reference)))
+
+    def start(self, prompts, enc, encoder_inputs) -> int:
+        return self.inner.start(prompts, enc, encoder_inputs)
+
+    def draft(self, ks, seqs, gen_lens, sampling, generator, stop_below) -> Drafts:
+        d = self.inner.draft(ks, seqs, gen_lens, sampling, generator, stop_below)
+        tokens = []
+        for b, drafted in enumerate(d.tokens):
+            truth = self.reference[self.rows[b]][gen_lens[b]: gen_lens[b] + len(drafted)]
+            # the first miss: each token is right with probability `acceptance`, independently
+            hit = next((j for j in range(len(truth)) if self.rng.random() >= self.acceptance), len(truth))
+            tokens.append(truth[:hit] + [(t + 1) % self.vocab for t in truth[hit:]])
+        return Drafts(tokens, None, d.steps, d.seconds)
+
+    def update(self, drafted, accepted, emitted) -> None:
+        self.inner.update(drafted, accepted, emitted)
+
+    def select(self, keep: list[int]) -> None:
+        self.rows = [self.rows[i] for i in keep]
+        self.inner.select(keep)
+
+
+def oracle(inner: DrafterFactory, reference: list[list[int]], acceptance: float, vocab: int, seed: int = 0) -> DrafterFactory:
+    def make(rules: Rules, max_new_tokens: int) -> Drafter:
+        return OracleDrafter(inner(rules, max_new_tokens), reference, acceptance, random.Random(seed), vocab)
+
+    return make
+
+
+def _hf_generate(model, hidden: torch.Tensor, tokens: int) -> tuple[float, list[list[int]]]:
+    """transformers' own eager generate (GenerationMixin's, greedy), exactly ``tokens`` new tokens per row."""
+    from transformers import GenerationMixin
+    from transformers.modeling_outputs import BaseModelOutput
+
+    prompt = torch.tensor([PROMPT] * hidden.shape[0], device=hidden.device)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = GenerationMixin.generate(model, encoder_outputs=BaseModelOutput(last_hidden_state=hidden),
+                                       decoder_input_ids=prompt, max_new_tokens=tokens, min_new_tokens=tokens,
+                                       do_sample=False, num_beams=1, eos_token_id=None)
+    return time.perf_counter() - start, out[:, len(PROMPT):].tolist()
+
+
+def bench_shapes(shape: str = "whisper-base", tokens: int = 64, rows: int = 1, acceptances=(0.6, 0.8, 0.9),
+                 lookahead: int = 3, dtype: str | None = None, device: str = "cpu", assistant_layers: int = 2,
+                 json_path: str | None = None, log=print) -> dict:
+    """Every system on the same random encoder output, ``tokens`` new tokens per row (no end-of-sequence:
+    the random models run to the length). ``lookahead``: the drafts per round (a constant policy: one verify
+    pass of ``lookahead`` + 1 columns at the main decoder's width 4). Returns the report (also written to
+    ``json_path``). ``dtype``: default float32 on a CPU, devices.resolve_dtype's on CUDA."""
+    from .bench import environment, write_report
+    from .devices import int8_allowed, resolve_dtype
+    from .loading import torch_dtype
+
+    dtype = resolve_dtype(device, dtype, "float32")
+    dt = torch_dtype(dtype)
+    spec = SHAPES[shape]
+    start = time.perf_counter()
+    main_model = random_whisper(spec, spec["decoder_layers"], dt, device, causal=False, seed=0)
+    assistant = random_whisper(spec, assistant_layers, dt, device, causal=True, seed=1)
+    log(f"environment: {environment(device)}")
+    log(f"shape {shape} ({spec['decoder_layers']} decoder layers, d_model {spec['d_model']}, vocabulary "
+        f"{spec['vocab_size']}), assistant {assistant_layers} layers, random weights, {dtype}, {rows} row(s), "
+        f"{tokens} tokens; built in {time.perf_counter() - start:.1f} s")
+    torch.manual_seed(2)
+    hidden = torch.randn(rows, 1500, spec["d_model"], dtype=dt, device=device)
+    enc = EncoderOutput(hidden, None)
+    main = as_decoder(main_model)
+    options = DecodeOptions(max_new_tokens=tokens, policy=PolicyOptions("constant", lookahead))
+    prompts = [list(PROMPT)] * rows
+
+    def run(engine: AssistedDecoder):
+        begin = time.perf_counter()
+        result = engine.generate(prompts, Rules(), options, encoder_output=enc)
+        return time.perf_counter() - begin, result
+
+    _hf_generate(main_model, hidden, 4)  # warm-up
+    hf_s, _ = _hf_generate(main_model, hidden, tokens)
+    run(AssistedDecoder(main, None))  # warm-up
+    plain_s, plain = run(AssistedDecoder(main, None))
+    reference = [list(t) for t in plain.tokens]
+    out = [ShapeRow("transformers generate (eager)", None, hf_s, rows * tokens, None, plain_s / hf_s, 1.0, None),
+           ShapeRow("tandem plain", None, plain_s, plain.stats.new_tokens, 1.0, 1.0, hf_s / plain_s, None)]
+    # the assistant as pairs load it: the lean draft decoder, int8 weights where the device has the kernels
+    draft = model_drafter(as_decoder(assistant, assistant=True, int8=int8_allowed(device)), share_encoder=True, pad_id=0)
+    for a in acceptances:
+        engine = AssistedDecoder(main, oracle(draft, reference, a, spec["vocab_size"]))
+        run(engine)  # warm-up
+        seconds, result = run(engine)
+        s = result.stats
+        out.append(ShapeRow(f"tandem assisted, acceptance {a}", a, seconds, s.new_tokens, s.new_tokens / max(s.row_calls, 1),
+                            plain_s / seconds, hf_s / seconds, [list(t) for t in result.tokens] == reference))
+    log(f"{'system':36s} {'seconds':>8s} {'tok/s':>8s} {'tok/call':>8s} {'vs plain':>8s} {'vs generate':>11s} {'identical':>9s}")
+    for r in out:
+        tpc = f"{r.tokens_per_call:8.2f}" if r.tokens_per_call else f"{'-':>8s}"
+        same = f"{'-':>9s}" if r.identical is None else f"{'yes' if r.identical else 'NO':>9s}"
+        log(f"{r.system:36s} {r.seconds:8.2f} {r.tokens / r.seconds:8.1f} {tpc} {r.speedup:7.2f}x {r.vs_generate:10.2f}x {same}")
+    report = {"environment": environment(device), "shape": shape, "dtype": dtype, "rows": rows, "tokens": tokens,
+              "lookahead": lookahead, "assistant_layers": assistant_layers, "rows_out": [asdict(r) for r in out]}
+    return write_report(report, json_path, log)
