@@ -106,9 +106,8 @@ def run_signature(pair_name: str, options) -> str:
             "thresholds": [options.compression_ratio_threshold, options.logprob_threshold, options.no_speech_threshold]}
     if options.vad_filter:  # only when on: folders written before the filter existed keep their signature
         keys["vad"] = "silero"
-    device = getattr(options, "device", "cpu")
-    if device != "cpu":  # likewise: a GPU's kernels (and its default dtype) give other bits than the CPU's
-        keys["device"] = device
+    if options.device != "cpu":  # likewise: a GPU's kernels (and its default dtype) give other bits than the CPU's
+        keys["device"] = options.device
     return hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -27,12 +27,16 @@ class WhisperRunner:
 
         self.pair = pair
         self.loaded = load_pair(pair, dtype, device)
-        self.device = device
         self.model = self.loaded.main_model
         self.tokenizer = self.loaded.tokenizer
         where, kwargs = resolve(pair.main)
         self.features = WhisperFeatureExtractor.from_pretrained(where, **kwargs)
         self._torch = torch
+
+    @property
+    def device(self) -> str:
+        """Where the pair's models live ("cpu", "cuda:0")."""
+        return self.loaded.device
 
     @cached_property
     def multilingual(self) -> bool:

@@ -24,21 +24,19 @@ def _quiet_libraries() -> None:
 
 
 # Commands whose models may run on CUDA; the others run on the CPU ("auto" means the CPU for them).
-
-
 CUDA_COMMANDS = {"transcribe", "translate", "summarize", "eval", "regress", "demo", "ui", ("bench", "asr"),
                  ("bench", "shapes")}
 
 
 def _resolve_device(args: argparse.Namespace) -> str:
     """The command's device, resolved once (``devices.resolve_device``); DeviceError for one it cannot use."""
-    from ..devices import DeviceError, resolve_device
+    from ..devices import ENV, DeviceError, resolve_device
 
     command = args.command if args.command != "bench" else ("bench", args.bench_command)
-    requested = getattr(args, "device", None)
+    requested = getattr(args, "device", None) or os.environ.get(ENV) or "auto"
     if command in CUDA_COMMANDS:
         return resolve_device(requested)
-    if resolve_device(requested) != "cpu" and (requested or os.environ.get("TANDEM_DEVICE", "auto")) != "auto":
+    if resolve_device(requested) != "cpu" and requested.strip().lower() != "auto":
         name = command if isinstance(command, str) else " ".join(command)
         raise DeviceError(f"tandem {name} runs on the CPU only so far: use --device cpu")
     return "cpu"
@@ -79,4 +77,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tandem: interrupted", file=sys.stderr)
         return 130
-

@@ -290,12 +290,13 @@ def ui_command(port: int) -> list[str]:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
+    from ..devices import ENV as DEVICE_ENV
     from ..paths import PROJECT_ROOT
 
     env = dict(os.environ)
     if args.models:
         env["TANDEM_MODELS"] = str(Path(args.models).resolve())
-    env["TANDEM_DEVICE"] = args.device  # resolved here: the app loads its models there
+    env[DEVICE_ENV] = args.device  # resolved here: the app loads its models there
     print(f"Tandem UI on http://127.0.0.1:{args.port}, models on {args.device} (Ctrl-C stops it)")
     return serve(ui_command(args.port), cwd=PROJECT_ROOT / "ui", env=env)
 
