@@ -284,14 +284,9 @@ def environment(device: str = "cpu") -> dict:
     """What a figure was measured on: library versions, torch threads, the CPU's model name and the device."""
     import transformers
 
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from .devices import cpu_info
+
+    cpu = cpu_info()[1]
     return {"torch": torch.__version__, "transformers": transformers.__version__, "threads": torch.get_num_threads(),
             "cpu": cpu, "python": platform.python_version(), "device": device}
 

@@ -114,9 +114,9 @@ def bench_shapes(shape: str = "whisper-base", tokens: int = 64, rows: int = 1, a
                  lookahead: int = 3, dtype: str | None = None, device: str = "cpu", assistant_layers: int = 2,
                  json_path: str | None = None, log=print) -> dict:
     """Every system on the same random encoder output, ``tokens`` new tokens per row (no end-of-sequence:
-    the random models run to the length). ``lookahead``: the drafts per round (a constant policy: one verify
-    pass of ``lookahead`` + 1 columns at the main decoder's width 4). Returns the report (also written to
-    ``json_path``). ``dtype``: default float32 on a CPU, devices.resolve_dtype's on CUDA."""
+    the random models run to the length). ``lookahead``: the drafts per round (a constant policy: a verify
+    over ``lookahead`` + 1 columns, in passes of the main decoder's width, ``engine.whisper.step_shape``).
+    Returns the report (also written to ``json_path``). ``dtype``: default float32 on a CPU, devices.resolve_dtype's on CUDA."""
     from .bench import environment, write_report
     from .devices import int8_allowed, resolve_dtype
     from .loading import torch_dtype

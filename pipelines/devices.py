@@ -8,7 +8,9 @@ Sources: ``torch.cuda.is_available``, ``torch.cuda.device_count`` and ``torch.cu
 from __future__ import annotations
 
 import os
+import platform
 import re
+from functools import lru_cache
 
 CHOICES = "auto, cpu, cuda or cuda:N"
 ENV = "TANDEM_DEVICE"
@@ -62,3 +64,22 @@ def int8_allowed(device: str) -> bool:
     """Dynamic int8 quantization (``torch.ao`` quantized linear layers, the assistant's ``assistant_int8``) has
     CPU kernels only: on other devices the assistant keeps the compute dtype."""
     return device == "cpu"
+
+
+@lru_cache(maxsize=1)
+def cpu_info() -> tuple[str, str]:
+    """This machine's CPU as (vendor, model name) from ``/proc/cpuinfo`` (``vendor_id``, ``model name``), e.g.
+    ("GenuineIntel", "Intel(R) Xeon(R) Processor"); ("", ``platform.processor()``) where that file is absent."""
+    vendor, model = "", platform.processor()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "vendor_id" and not vendor:
+                    vendor = value.strip()
+                elif key.strip() == "model name":
+                    model = value.strip()
+                    break
+    except OSError:
+        pass
+    return vendor, model

@@ -144,3 +144,21 @@ def test_bench_shapes_oracle_sets_the_acceptance_and_output_stays_exact(monkeypa
     assert never["identical"] and always["identical"]
     assert never["tokens_per_call"] == 1.0 and always["tokens_per_call"] >= 3.5
     assert report["environment"]["device"] == "cpu" and (tmp_path / "s.json").is_file()
+
+
+def test_the_pass_shape_follows_the_machine_kind(monkeypatch):
+    """The main decoder's pass shape comes from a table keyed by CPU vendor and dtype (never from a timing
+    probe, which could change the bits from one run to the next); CUDA and unknown CPUs take width 4."""
+    from pipelines.devices import cpu_info
+    from pipelines.engine import whisper
+
+    vendor, model = cpu_info()
+    assert isinstance(vendor, str) and model
+    monkeypatch.setattr(whisper, "cpu_info", lambda: ("GenuineIntel", "Intel(R) Xeon(R) Processor"))
+    assert whisper.step_shape(torch.float32) == whisper.StepShape(2, False)
+    assert whisper.step_shape(torch.bfloat16) == whisper.StepShape(4, True)
+    monkeypatch.setattr(whisper, "cpu_info", lambda: ("AuthenticAMD", "AMD EPYC"))
+    assert whisper.step_shape(torch.float32) == whisper.StepShape(4, True)
+    assert whisper.step_shape(torch.bfloat16) == whisper.StepShape(4, False)
+    monkeypatch.setattr(whisper, "cpu_info", lambda: ("", "unknown"))
+    assert whisper.step_shape(torch.float32, "cuda:0").width == 4

@@ -8,6 +8,7 @@ from pipelines.embedded import embedded_path
 from pipelines.engine import (
     AssistedDecoder, DecodeOptions, PolicyOptions, as_decoder, model_drafter, rules_from_generation_config,
 )
+from pipelines.engine.whisper import STEP_SHAPES, StepShape
 
 PROMPT = [50258, 50259, 50359, 50363]  # <|startoftranscript|><|en|><|transcribe|><|notimestamps|>
 EOT = 50257
@@ -324,6 +325,23 @@ def test_one_row_alone_and_in_a_batch_are_each_exact(exact_decoder, windows):
     one = type(enc)(enc.hidden[3:4], None)
     tokens, logits = _plain_run(decoder, one, windows[1][3:4], 48)
     _scheduled_run(decoder, one, windows[1][3:4], tokens, logits, random.Random(7))
+
+
+@pytest.mark.parametrize("shape", sorted({*STEP_SHAPES.values(), StepShape(4, False)}, key=str), ids=str)
+def test_every_pass_shape_of_the_table_is_exact(windows, shape):
+    """Each machine takes its own pass shape (``step_shape``); every shape of the table holds the property,
+    whatever machine runs this (float32, the long window alone, a random schedule)."""
+    import random
+
+    from transformers import WhisperForConditionalGeneration
+
+    model = WhisperForConditionalGeneration.from_pretrained(embedded_path("whisper-base"), dtype=torch.float32).eval()
+    decoder = as_decoder(model)
+    decoder.width, decoder.head_transposed = shape.width, shape.head_transposed
+    with torch.inference_mode():
+        one = decoder.encode(input_features=windows[0][3:4])
+    tokens, logits = _plain_run(decoder, one, windows[1][3:4], 32)
+    _scheduled_run(decoder, one, windows[1][3:4], tokens, logits, random.Random(11))
 
 
 @pytest.mark.parametrize("dtype, lookahead", [

@@ -82,6 +82,7 @@ class FixedShapeDecoder(Decoder):
     fixed_batch = True  # the engine keeps finished rows in the batch (shapes stay fixed for the request)
     width: int
     head_weight: torch.Tensor
+    head_transposed: bool | None = None  # the head as (W h^T)^T; None: in float32 only
 
     def forward(self, chunks: list[list[int]], cache: FixedCache, enc: EncoderOutput | None, pad_id: int,
                 need_from: list[int] | None = None):
@@ -155,10 +156,11 @@ class FixedShapeDecoder(Decoder):
         return t.transpose(1, 2).reshape(batch, w, heads * dim)
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits (B * w, V) = h W^T (the main model always scores the whole vocabulary). In float32 computed
-        as (W h^T)^T, which this CPU's BLAS runs 2-4 times faster at 2-8 rows than h W^T; either way each
-        row's bits depend only on it."""
+        """Logits (B * w, V) = h W^T (the main model always scores the whole vocabulary), computed as (W h^T)^T
+        where ``head_transposed`` says so (some BLAS run it 2-4 times faster at 2-8 rows, others slower); either
+        way each row's bits depend only on it, and every pass of a request uses the same form."""
         h = hidden.reshape(-1, hidden.shape[-1])
-        if h.dtype == torch.float32:
+        transposed = self.head_transposed if self.head_transposed is not None else h.dtype == torch.float32
+        if transposed:
             return torch.mm(self.head_weight, h.t()).t()
         return torch.nn.functional.linear(h, self.head_weight)

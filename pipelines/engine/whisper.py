@@ -4,27 +4,51 @@ and the assistant's lean draft decoder.
 The main decoder is a ``fixed.FixedShapeDecoder``: every token of a request is computed with the same
 kernel calls and shapes, alone or in a verify pass (see ``fixed`` for why and how); here are Whisper's
 layers (self-attention over the static cache, cross-attention over keys and values computed once per
-request) and the verify width per dtype, chosen from measured step costs (``default_width``).
+request) and the pass shape per machine and dtype, chosen from measured step costs (``step_shape``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from ..devices import cpu_info
 from .cache import LeanCache, RaggedCache
 from .decoders import Decoder, EncoderOutput
 from .fixed import FixedCache, FixedShapeDecoder
 from .lean import LeanDecoder, Linear, int8_available  # noqa: F401  (int8_available: re-exported for tests)
 
-# Step cost of Whisper base's decoder (6 layers + the 51,865-token head), 2 threads, by rows per product,
-# measured on a 2-core AMD EPYC (AVX-512 BF16), milliseconds: bfloat16 5.2 (1-2 rows), 5.6 (4), 6.7 (8);
-# float32 with the head as W_head x^T 8.7 (4 rows) against 12.4 for transformers' one-row step.
-WIDTHS = {torch.float32: 4, torch.bfloat16: 4, torch.float16: 4}
+@dataclass(frozen=True)
+class StepShape:
+    width: int  # columns per row in every main-decoder pass (the verify width one pass covers)
+    head_transposed: bool  # the head as (W h^T)^T rather than h W^T (same bits per row either way, other speed)
 
 
-def default_width(dtype: torch.dtype) -> int:
-    """Columns per row in every main-decoder pass for ``dtype`` (the verify width one pass covers)."""
-    return WIDTHS.get(dtype, 4)
+# The shape per (CPU vendor, dtype): its bits are the same for plain and assisted decoding whatever it is, so
+# it is chosen for speed, from a table (deterministic per machine kind; a timing probe could pick another
+# shape from one run to the next and with it other bits). Whisper base + the shipped assistant, 2 threads:
+# - AMD EPYC (AVX-512 BF16), one step of the decoder and its 51,865-token head by rows per product:
+#   bfloat16 5.2 ms (1-2 rows), 5.6 (4), 6.7 (8); float32 with (W h^T)^T 8.7 ms (4 rows) against 12.4 for
+#   transformers' one-row step: width 4 everywhere.
+# - Intel Xeon with AMX: float32 products of 4 rows take 1.4-2.4x the time of one (the head 5.1 ms against
+#   2.2; MKL's small-M path), so width 4 made plain steps 1.45x slower than width 1 (two speech-long
+#   recordings, plain: 15.0-15.7 s at width 4, 10.7-10.9 s at width 1, 11.5-12.0 s at width 2 with h W^T;
+#   assisted 9.3-9.9 s at width 4, 9.8 s at width 2): width 2. bfloat16 (AMX tiles): width 4, head (W h^T)^T
+#   (1.5 ms against 2.0 for h W^T); plain speech-long 8.3-8.9 s (width 1: 9.1 s), assisted 5.9-6.1 s.
+# Elsewhere (CUDA, other CPUs): width 4, as on AMD.
+STEP_SHAPES = {
+    ("GenuineIntel", torch.float32): StepShape(2, False),
+    ("GenuineIntel", torch.bfloat16): StepShape(4, True),
+    ("AuthenticAMD", torch.float32): StepShape(4, True),
+}
+
+
+def step_shape(dtype: torch.dtype, device: torch.device | str = "cpu") -> StepShape:
+    """The main decoder's pass shape for ``dtype`` on ``device`` on this machine (see ``STEP_SHAPES``)."""
+    if torch.device(device).type != "cpu":
+        return StepShape(4, False)
+    return STEP_SHAPES.get((cpu_info()[0], dtype), StepShape(4, dtype == torch.float32))
 
 
 def _adopt_whisper(decoder: Decoder, model) -> None:
@@ -47,7 +71,8 @@ class WhisperDecoder(FixedShapeDecoder):
         super().__init__(model)
         _adopt_whisper(self, model)
         self.heads = self.config.decoder_attention_heads
-        self.width = width or default_width(self.dtype)
+        shape = step_shape(self.dtype, self.device)
+        self.width, self.head_transposed = width or shape.width, shape.head_transposed
         weight = model.proj_out.weight
         if self.vocab_ids is not None:
             weight = weight.index_select(0, torch.tensor(self.vocab_ids, dtype=torch.long, device=weight.device))
