@@ -22,13 +22,14 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from . import paths
+from .debian import DataBuildError, debian_descriptions
 from .audio import SAMPLE_RATE, load_audio, write_wav
 
 PROJECT_DATA = paths.PROJECT_ROOT / "data"
@@ -48,10 +49,6 @@ LONG_RECORDINGS = (
     ("long-05", "piper:joe", 285),
 )
 UDHR_LANGUAGES = {"deu": "deu_1996", "fra": "fra", "spa": "spa", "ita": "ita", "por": "por_PT", "rus": "rus", "nld": "nld"}
-
-
-class DataBuildError(RuntimeError):
-    """A set cannot be built here; the message says what is missing and how to get it."""
 
 
 @dataclass(frozen=True)
@@ -469,45 +466,6 @@ def build_summarize_own(out: Path) -> list[dict]:
 
 DEBIAN_MIN_WORDS = 80
 DEBIAN_MAX_ITEMS = 2000
-
-
-def debian_descriptions(lists_dir: Path | None = None) -> list[tuple[str, str, str]]:
-    """(package, synopsis, long description) from Debian's English Translation index, fetched with apt."""
-    lists_dir = lists_dir or paths.downloads_dir() / "apt-lists"
-    files = sorted(lists_dir.glob("*_i18n_Translation-en*"))
-    if not files:
-        if shutil.which("apt-get") is None:
-            raise DataBuildError("summarize-debian needs apt-get (a Debian-based machine)")
-        (lists_dir / "partial").mkdir(parents=True, exist_ok=True)
-        cmd = ["apt-get", "update", "-q", "-o", f"Dir::State::Lists={lists_dir}", "-o", "Acquire::Languages=en"]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        files = sorted(lists_dir.glob("*_i18n_Translation-en*"))
-        if proc.returncode != 0 or not files:
-            raise DataBuildError(f"apt-get update could not fetch the English descriptions: {proc.stderr.strip()[-300:]}")
-    out = []
-    for path in files:
-        text = subprocess.run(["/usr/lib/apt/apt-helper", "cat-file", str(path)], capture_output=True,
-                              text=True, check=True).stdout
-        out += list(_parse_translation_index(text))
-    return out
-
-
-def _parse_translation_index(text: str) -> Iterable[tuple[str, str, str]]:
-    for stanza in text.split("\n\n"):
-        package, desc_lines = None, []
-        lines = stanza.splitlines()
-        for i, line in enumerate(lines):
-            if line.startswith("Package:"):
-                package = line.split(":", 1)[1].strip()
-            elif line.startswith("Description-en:"):
-                desc_lines = [line.split(":", 1)[1].strip()] + [
-                    ln for ln in lines[i + 1 :] if ln.startswith(" ")
-                ]
-                break
-        if package and len(desc_lines) > 1:
-            body = [" " if ln.strip() == "." else ln.strip() for ln in desc_lines[1:]]
-            long = re.sub(r"\s+", " ", " ".join(body)).strip()
-            yield package, desc_lines[0], long
 
 
 def build_summarize_debian(out: Path) -> list[dict]:

@@ -81,7 +81,7 @@ def test_the_environment_variable_is_read_when_no_option_is_given(no_cuda, monke
 def test_cpu_only_commands_refuse_cuda_but_take_auto(two_gpus, capsys):
     assert main(["bench", "engine", "--device", "cuda"]) == 2
     assert "runs on the CPU only so far" in capsys.readouterr().err
-    assert main(["--device", "cuda", "distill", "--main", "m", "--out", "o"]) == 2
+    assert main(["--device", "cuda", "bench", "scale"]) == 2
 
 
 def test_device_is_part_of_the_resume_signature():

@@ -24,7 +24,7 @@ def _quiet_libraries() -> None:
 
 
 # Commands whose models may run on CUDA; the others run on the CPU ("auto" means the CPU for them).
-CUDA_COMMANDS = {"transcribe", "translate", "summarize", "eval", "regress", "demo", "ui", ("bench", "asr"),
+CUDA_COMMANDS = {"transcribe", "translate", "summarize", "eval", "regress", "demo", "ui", "distill", ("bench", "asr"),
                  ("bench", "shapes")}
 
 

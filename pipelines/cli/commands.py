@@ -248,13 +248,18 @@ def cmd_bench_scale(args: argparse.Namespace) -> int:
 
 
 def cmd_distill(args: argparse.Namespace) -> int:
-    from ..distill import DistillOptions, distill
+    from ..distill import DistillOptions, corpus_labelled, distill
 
     data = tuple(args.data) if args.data else ("debian-speech",)
     opts = DistillOptions(main=args.main, out=Path(args.out), layers=args.layers, data=data, clips=args.clips,
                           heldout=args.heldout, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                          draft_vocab=args.draft_vocab, budget_minutes=args.budget_minutes, resume=args.resume)
+                          draft_vocab=args.draft_vocab, budget_minutes=args.budget_minutes, resume=args.resume,
+                          device=args.device, corpus=Path(args.corpus) if args.corpus else None,
+                          label_only=args.label_only)
     folder = distill(opts)
+    if folder is None and opts.label_only and corpus_labelled(opts):
+        print(f"labelled: {opts.clips} training items and the held-out shard in {args.out}")
+        return 0
     if folder is None:
         print(f"stopped at the budget; go on with: tandem distill ... --out {args.out} --resume")
         return 3

@@ -198,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=2, help="decoder layers of the assistant (initialised from the main's first, last, and between)")
     p.add_argument("--data", nargs="+", metavar="SET", help="corpus: debian-speech (Whisper; the default) or text files of one input a line (text models)")
     p.add_argument("--out", required=True, metavar="DIR", help="working folder: shards, checkpoints, and the exported assistant in DIR/assistant")
-    p.add_argument("--clips", type=int, default=4000, help="training items to build and label (default 4000; raise it and --resume to grow the corpus)")
+    p.add_argument("--clips", type=int, default=4000, help="training items (default 4000); items the corpus does not hold yet are labelled and added to it")
     p.add_argument("--heldout", type=int, default=96, help="held-out items (shard 0) for the agreement estimate")
     p.add_argument("--epochs", type=float, default=3.0)
     p.add_argument("--batch-size", type=int, default=16)
@@ -206,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-vocab", type=int, default=16384, help="tokens kept by the draft head (plus special tokens); 0 keeps all")
     p.add_argument("--budget-minutes", type=float, default=None, help="stop cleanly after this long (exit 3); --resume goes on")
     p.add_argument("--resume", action="store_true", help="go on from what DIR holds")
+    p.add_argument("--corpus", metavar="DIR", help="Whisper: the labelled corpus kept in the repository, read and grown "
+                   "(default: data/distill/<main model>)")
+    p.add_argument("--label-only", action="store_true", help="label (and grow the corpus) up to --clips, then stop before training")
     p.set_defaults(func=cmd_distill)
 
     p = command(sub, "regress", help="nightly regression run: evaluations, history (SQLite), baseline, thresholds, report with plots; exit 1 on a regression")

@@ -1,0 +1,166 @@
+"""Distil a small assistant for a main model that has none (sequence-level knowledge distillation, the way
+distil-whisper was made), resumably and within a time budget, on the CPU or a GPU.
+
+corpus   ASR: sentences of Debian package descriptions that no evaluation set holds, spoken by varied voices
+         (``speech``): a short clip of 1-2 sentences (decoded with <|notimestamps|>) or a 30 s window of
+         sentences and pauses (decoded with timestamps, as long-form transcription asks). The labelled
+         corpus lives in the repository (``corpus``: recipes and token ids, data/distill/<model>/) and grows
+         from run to run: shards it holds are synthesised again, not labelled again.
+         Text models: source lines from the given text files.
+label    the main model's own greedy output, decoded by Tandem's batched engine (``teacher``); the training
+         features (encoder output, teacher top-8) go to the run's folder in shards (``shards``). Shard 0 is
+         held out.
+train    ``student``: a shallow decoder initialised from the main decoder's layers, trained on CE + KL.
+export   ``export``: the assistant folder and its card.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+from pathlib import Path
+
+from ..loading import ModelRef
+from .options import HELDOUT_SHARD, TOPK, DistillError, DistillOptions, HeldOut
+from .shards import Shard, build_features, read_shard, shard_done
+from .student import spread_layers, train
+from .teacher import Teacher, is_whisper_ref
+
+__all__ = ["DistillError", "DistillOptions", "HeldOut", "Shard", "TOPK", "distill", "read_shard", "resolve_main",
+           "spread_layers", "default_corpus", "corpus_labelled"]
+
+
+def resolve_main(name: str) -> ModelRef:
+    """A pair name gives its main model; otherwise an embedded name, an existing folder, or a hub id."""
+    from ..embedded import embedded_names
+    from ..registry import load_registry
+
+    try:
+        registry = load_registry()
+        if name in registry.pairs:
+            return registry.pairs[name].main
+    except Exception:  # a broken models.yaml must not hide an explicit model
+        pass
+    if name in embedded_names():
+        return ModelRef("embedded", name)
+    if Path(name).is_dir():
+        return ModelRef("local", str(Path(name).resolve()))
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", name):
+        return ModelRef("hub", name, "main")
+    raise DistillError(f"--main {name!r} is neither a pair, an embedded model, a folder nor a hub id")
+
+
+def default_corpus(ref: ModelRef) -> Path:
+    """Where the repository keeps a main model's labelled corpus: data/distill/<model name>."""
+    from ..paths import PROJECT_ROOT
+
+    return PROJECT_ROOT / "data" / "distill" / re.sub(r"[^\w.-]+", "-", Path(ref.id).name)
+
+
+def text_items(shard: int, size: int, lines: list[str], heldout_pool: int, seed: int) -> list[dict]:
+    rng = random.Random(seed * 100_003 + shard)
+    pool = lines[:heldout_pool] if shard == HELDOUT_SHARD else lines[heldout_pool:]
+    if not pool:
+        raise DistillError("the text corpus is too small for a held-out part and a training part")
+    return [{"kind": "text", "text": rng.choice(pool)} for _ in range(size)]
+
+
+def read_text_lines(paths: tuple[str, ...]) -> list[str]:
+    lines: list[str] = []
+    for p in paths:
+        path = Path(p)
+        if not path.is_file():
+            raise DistillError(f"--data {p!r}: not a text file (text models learn from files of one input a line)")
+        lines += [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if len(lines) < 4:
+        raise DistillError("--data holds fewer than 4 non-empty lines")
+    return sorted(set(lines))
+
+
+def build_corpus(opts: DistillOptions, teacher: Teacher, deadline: float | None, log) -> int:
+    """Build the training features of the held-out shard and of ``opts.clips`` training items (or until the
+    deadline); returns the number of training shards done. Each shard is written atomically, so a stopped
+    run loses at most one."""
+    n_train = -(-opts.clips // opts.shard_size)
+    shards = list(range(n_train + 1))
+    if all(shard_done(opts.out, s) for s in shards):
+        return n_train
+    tmp = opts.out / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    if teacher.is_whisper:
+        from ..evalsets import Speaker, project_sentences
+        from .corpus import Corpus, CorpusError
+        from .shards import SpeechSource
+        from .speech import debian_sentences, synthesis_versions
+
+        try:
+            corpus = Corpus(opts.corpus or default_corpus(teacher.ref), teacher.name, synthesis_versions())
+        except CorpusError as e:
+            raise DistillError(str(e)) from None
+        source = SpeechSource(opts, corpus, debian_sentences(set(project_sentences())), Speaker(), tmp)
+        log(f"corpus {corpus.folder}: {len(corpus.shards())} shards committed "
+            f"({sum(corpus.entry(s)['items'] for s in corpus.shards())} clips)")
+        try:
+            done = build_features(opts, teacher, source.items, shards, 440, deadline, log, corpus)
+        except CorpusError as e:
+            raise DistillError(str(e)) from None
+        if source.skipped:
+            log(f"corpus: {source.skipped} clips skipped (their sentences left Debian's index)")
+        return done - shard_done(opts.out, HELDOUT_SHARD)
+    lines = read_text_lines(opts.data)
+    random.Random(opts.seed).shuffle(lines)
+    pool = max(1, min(len(lines) // 5, 500))
+
+    def make(s: int):
+        return text_items(s, opts.heldout if s == HELDOUT_SHARD else opts.shard_size, lines, pool, opts.seed), None
+
+    max_new = min(int(getattr(teacher.gen, "max_length", 128) or 128), 256)
+    return build_features(opts, teacher, make, shards, max_new, deadline, log) - shard_done(opts.out, HELDOUT_SHARD)
+
+
+def corpus_labelled(opts: DistillOptions) -> bool:
+    """Whether the run's folder holds the features of every shard ``opts`` asks for."""
+    return all(shard_done(opts.out, s) for s in range(-(-opts.clips // opts.shard_size) + 1))
+
+
+def distill(opts: DistillOptions, log=print) -> Path | None:
+    """Corpus -> labels -> training -> export, resumable. Returns the assistant folder, or None when the
+    budget ran out before training finished (``--resume`` goes on) or ``label_only`` stopped before it."""
+    import torch
+
+    from .export import export
+
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    plan_path = opts.out / "plan.json"
+    plan = {"main": opts.main, "layers": opts.layers, "data": list(opts.data), "seed": opts.seed,
+            "shard_size": opts.shard_size, "heldout": opts.heldout}
+    if plan_path.is_file():
+        if not opts.resume:
+            raise DistillError(f"{opts.out} holds an earlier run: pass --resume to go on, or choose another --out")
+        if json.loads(plan_path.read_text()) != plan:
+            raise DistillError(f"{opts.out} was made with other options ({plan_path}); choose another --out")
+    opts.out.mkdir(parents=True, exist_ok=True)
+    plan_path.write_text(json.dumps(plan, indent=1))
+    deadline = time.time() + opts.budget_minutes * 60 if opts.budget_minutes else None
+    ref = resolve_main(opts.main)
+    # Whisper is labelled in bfloat16 (4x faster encoder on these CPUs); text models and all training in float32
+    teacher = Teacher(ref, "bfloat16" if is_whisper_ref(ref) else "float32", opts.device)
+    done = build_corpus(opts, teacher, deadline, log)
+    n_train = -(-opts.clips // opts.shard_size)
+    if done < n_train:
+        log(f"corpus: {done}/{n_train} shards labelled when the budget ran out; resume with --resume")
+        return None
+    if opts.label_only:
+        log(f"corpus: {done} training shards labelled (--label-only: no training)")
+        return None
+    if teacher.model.dtype != torch.float32:
+        teacher = Teacher(ref, "float32", opts.device)
+    state = train(opts, teacher, list(range(1, n_train + 1)), deadline, log)
+    if not state["finished"]:
+        if (opts.out / "train" / "best.pt").is_file():
+            export(opts, teacher, state, log)
+        return None
+    return export(opts, teacher, state, log)

@@ -1,0 +1,109 @@
+"""The labelled corpus kept in the repository (``data/distill/<main model>/``), so that it grows from run to run.
+
+It holds no audio and no sentence text: per clip, its recipe (``speech.Recipe``: sentence addresses in
+Debian's index, voice and synthesis settings, gain, noise, pauses, cut) and the main model's greedy tokens
+for it (the label). Files:
+    manifest.json         the teacher (model, dtype, how prompts are made), the synthesisers' versions, and
+                          per shard: its file, items, label tokens, SHA-256, the SHA-256 of its first two
+                          clips' audio, and when, where and how fast it was labelled
+    shard-NNNNN.json.gz   a list of {"recipe": ..., "labels": [token ids]}; shard 0 is the held-out part
+A shard is written to a temporary file and renamed, then the manifest is rewritten the same way: a run
+stopped at any moment leaves the corpus as it was or one shard larger. Reading checks each shard's
+checksum; rendering checks the audio hashes (a changed synthesiser is an error, not silently other audio).
+About 60 bytes a label token compressed: 20,000 clips are a few MB.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .speech import Recipe
+
+FORMAT = 1
+
+
+class CorpusError(RuntimeError):
+    """The committed corpus cannot be used as it is; the message says why."""
+
+
+@dataclass(frozen=True)
+class LabelledClip:
+    recipe: Recipe
+    labels: tuple[int, ...]
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+class Corpus:
+    """A corpus folder for one teacher. ``teacher`` (e.g. "embedded:whisper-base bfloat16") must match the
+    manifest's: labels from another model or dtype are refused (CorpusError)."""
+
+    def __init__(self, folder: Path, teacher: str, synthesis: dict[str, str]) -> None:
+        self.folder, self.teacher, self.synthesis = Path(folder), teacher, synthesis
+        self.manifest = self._load()
+
+    def _load(self) -> dict:
+        path = self.folder / "manifest.json"
+        if not path.is_file():
+            return {"format": FORMAT, "teacher": self.teacher, "synthesis": self.synthesis, "shards": {}}
+        try:
+            manifest = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise CorpusError(f"{path}: unreadable ({e})") from None
+        if manifest.get("format") != FORMAT:
+            raise CorpusError(f"{path}: format {manifest.get('format')!r}, this version reads {FORMAT}")
+        if manifest.get("teacher") != self.teacher:
+            raise CorpusError(f"{path}: labelled by {manifest.get('teacher')!r}, not {self.teacher!r}: use another --corpus")
+        return manifest
+
+    def shards(self) -> list[int]:
+        return sorted(int(k) for k in self.manifest["shards"])
+
+    def has(self, shard: int) -> bool:
+        return str(shard) in self.manifest["shards"]
+
+    def entry(self, shard: int) -> dict:
+        return self.manifest["shards"][str(shard)]
+
+    def read(self, shard: int) -> list[LabelledClip]:
+        """A shard's clips; CorpusError when its file is missing or its checksum differs from the manifest's."""
+        entry = self.entry(shard)
+        path = self.folder / entry["file"]
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise CorpusError(f"{path}: {e.strerror}") from None
+        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise CorpusError(f"{path}: sha256 differs from the manifest's (a damaged or hand-edited shard)")
+        return [LabelledClip(Recipe.from_json(d["recipe"]), tuple(d["labels"])) for d in json.loads(gzip.decompress(data))]
+
+    def add(self, shard: int, clips: list[LabelledClip], audio_hashes: list[str], made: dict) -> None:
+        """Write a shard, then the manifest that names it (each atomically)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        name = f"shard-{shard:05d}.json.gz"
+        body = json.dumps([{"recipe": c.recipe.to_json(), "labels": list(c.labels)} for c in clips], separators=(",", ":"))
+        data = gzip.compress(body.encode(), mtime=0)
+        _atomic_write(self.folder / name, data)
+        self.manifest["shards"][str(shard)] = {
+            "file": name, "items": len(clips), "tokens": sum(len(c.labels) for c in clips),
+            "sha256": hashlib.sha256(data).hexdigest(), "audio_sha256": audio_hashes, "made": made}
+        self.manifest["shards"] = dict(sorted(self.manifest["shards"].items(), key=lambda kv: int(kv[0])))
+        _atomic_write(self.folder / "manifest.json", (json.dumps(self.manifest, indent=1) + "\n").encode())
+
+    def check_synthesis(self, shard: int, index: int, audio_hash: str) -> None:
+        """CorpusError when clip ``index`` (< 2) of ``shard`` renders other audio than when it was labelled."""
+        known = self.entry(shard)["audio_sha256"]
+        if index < len(known) and known[index] != audio_hash:
+            then = self.entry(shard).get("made", {}).get("synthesis", self.manifest.get("synthesis"))
+            raise CorpusError(f"shard {shard} clip {index}: the synthesiser now makes other audio than when it was "
+                              f"labelled ({then} then, {self.synthesis} now): its labels may not fit; "
+                              f"label a new corpus (--corpus DIR)")

@@ -1,0 +1,79 @@
+"""The assistant from the best checkpoint: for Whisper the distinct layers only (bfloat16 safetensors), the
+draft vocabulary, a checksum and a card (``pipelines/embedded.py`` assembles a ``WhisperForCausalLM`` around
+the main model's embeddings); for text models a full transformers folder with the same tokenizer."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+from .options import TOPK, DistillOptions
+from .student import make_student
+from .teacher import Teacher
+
+
+
+
+def export(opts: DistillOptions, teacher: Teacher, state: dict, log) -> Path:
+    """Write the assistant from the best checkpoint into ``out/assistant``."""
+    import torch
+
+    best = torch.load(opts.out / "train" / "best.pt", weights_only=False, map_location=teacher.device)
+    student = make_student(teacher.model, opts.layers).float()
+    student.load_state_dict(best["student"], strict=False)
+    final = opts.out / "assistant"
+    tmp = final.with_name(f"assistant.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    card = {
+        "main": str(teacher.ref), "layers": opts.layers, "init_layers": student.config.distill_init_layers,
+        "draft_vocab_size": len(best["vocab"]), "training": state.get("best"), "curve": state.get("curve"),
+        "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()},
+    }
+    if teacher.is_whisper:
+        from safetensors.torch import save_file
+
+        dec = student.model.decoder
+        tensors = {f"layers.{k}": v.to(torch.bfloat16).cpu().contiguous() for k, v in dec.layers.state_dict().items()}
+        tensors.update({f"layer_norm.{k}": v.to(torch.bfloat16).cpu().contiguous() for k, v in dec.layer_norm.state_dict().items()})
+        save_file(tensors, tmp / "layers.safetensors")
+        digest = hashlib.sha256((tmp / "layers.safetensors").read_bytes()).hexdigest()
+        (tmp / "assistant.json").write_text(json.dumps({
+            "base": teacher.ref.id, "layers": opts.layers, "init_layers": student.config.distill_init_layers,
+            "draft_vocab": best["vocab"], "sha256": digest}, indent=1))
+    else:
+        student.config.draft_vocab = best["vocab"] if len(best["vocab"]) < student.config.vocab_size else None
+        student.save_pretrained(tmp)
+        teacher.tokenizer.save_pretrained(tmp)
+    (tmp / "card.json").write_text(json.dumps(card, indent=1))
+    (tmp / "CARD.md").write_text(card_text(card))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    log(f"assistant written to {final}")
+    return final
+
+
+def card_text(card: dict) -> str:
+    best = card.get("training") or {}
+    lines = [
+        f"# Distilled assistant for {card['main']}", "",
+        f"- decoder layers: {card['layers']} (initialised from the main model's layers {card['init_layers']})",
+        "- encoder, token/position embeddings and output head: the main model's own (shared, frozen, not stored)",
+        f"- draft vocabulary: {card['draft_vocab_size']} tokens (verification stays over the full vocabulary)",
+        f"- data: {', '.join(card['options']['data'])}; {card['options']['clips']} training items, "
+        f"{card['options']['heldout']} held out", 
+        "- labels: the main model's own greedy output (Tandem's engine); loss CE + "
+        f"{card['options']['kl_weight']} x KL to the teacher's top-{TOPK}",
+        f"- best held-out point: {json.dumps(best)}", "", "## Learning curve (held-out)", "",
+        "| step | clips seen | agreement | tokens per main call (k=5) | CPU s |", "|---|---|---|---|---|",
+    ]
+    for p in card.get("curve") or []:
+        lines.append(f"| {p['step']} | {p['clips_seen']} | {p['agreement']:.1%} | {p['tokens_per_call']:.2f} | {p['cpu_seconds']} |")
+    return "\n".join(lines) + "\n"
+
+
+#

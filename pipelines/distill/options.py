@@ -1,0 +1,44 @@
+"""What a distillation run is asked to do, and what it reports (frozen dataclasses, validated by the CLI)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+TOPK = 8
+HELDOUT_SHARD = 0
+
+
+class DistillError(RuntimeError):
+    """The distillation cannot go on; the message says why."""
+
+
+@dataclass(frozen=True)
+class DistillOptions:
+    main: str  # a pair name (its main model), an embedded name, a local folder or a hub id
+    out: Path
+    layers: int = 2
+    data: tuple[str, ...] = ("debian-speech",)  # ASR: debian-speech; text models: text files, one input a line
+    clips: int = 4000  # training items to build and label (held-out shard not counted)
+    heldout: int = 96
+    shard_size: int = 64
+    epochs: float = 3.0
+    batch_size: int = 16
+    lr: float = 3e-4
+    kl_weight: float = 0.8
+    draft_vocab: int = 16384  # most frequent label tokens kept by the draft head (plus all special tokens); 0: full
+    budget_minutes: float | None = None
+    resume: bool = False
+    seed: int = 20261129
+    eval_every: int = 50  # optimizer steps between held-out estimates and checkpoints
+    threads: int | None = None
+    device: str = "cpu"  # resolved by devices.resolve_device: labelling and training run there
+    corpus: Path | None = None  # ASR: the committed corpus folder (None: data/distill/<main model>)
+    label_only: bool = False  # grow the corpus (and the training features) and stop before training
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    agreement: float  # teacher-forced top-1 agreement with the teacher's tokens
+    tokens_per_call: float  # simulated at lookahead 5: accepted run + the main model's own token
+    coverage: float  # share of teacher tokens inside the draft vocabulary

@@ -1,0 +1,271 @@
+"""The student and its training: a shallow decoder initialised from the main decoder's layers (the first and the
+last, others spread between), token/position embeddings and head tied to the main model's and frozen, the
+encoder the main model's own (frozen: its output is shared exactly). Loss per label position t:
+    CE(teacher token_t) + w * sum_{i in top-8} p_T(i) * (log p_T(i) - log p_S(i))
+Checkpoints are atomic; a run stops at its budget and ``--resume`` goes on from the last one."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from .options import HELDOUT_SHARD, DistillOptions, HeldOut
+from .shards import Shard, read_shard, shard_dir
+from .teacher import Teacher, forced_logits
+
+
+
+
+def spread_layers(total: int, n: int) -> list[int]:
+    """n of total layers, the first and the last included, the rest evenly between."""
+    if n >= total:
+        return list(range(total))
+    if n == 1:
+        return [total - 1]
+    return sorted({round(i * (total - 1) / (n - 1)) for i in range(n)})
+
+
+def make_student(main, n_layers: int):
+    """A shallow copy of the main model's decoder: layers spread over the main's, embeddings and head shared
+    (frozen); for Whisper a ``WhisperForCausalLM`` that reads the main encoder's output."""
+    import copy
+
+    import torch
+
+    keep = spread_layers(_decoder_layers(main), n_layers)
+    if main.config.model_type == "whisper":
+        from transformers import WhisperForCausalLM
+
+        config = main.config.__class__.from_dict(main.config.to_dict())
+        config.decoder_layers, config.is_encoder_decoder = len(keep), False
+        student = WhisperForCausalLM(config).to(main.dtype)
+        src, dst = main.model.decoder, student.model.decoder
+        dst.embed_tokens = src.embed_tokens
+        dst.embed_positions = src.embed_positions
+        dst.layer_norm.load_state_dict(src.layer_norm.state_dict())
+        for j, i in enumerate(keep):
+            dst.layers[j].load_state_dict(src.layers[i].state_dict())
+        student.proj_out = main.proj_out
+    else:
+        student = copy.deepcopy(main)
+        dec = student.get_decoder()
+        layers = dec.block if hasattr(dec, "block") else dec.layers
+        kept = torch.nn.ModuleList([layers[i] for i in keep])
+        if hasattr(dec, "block"):
+            dec.block = kept
+            student.config.num_decoder_layers = len(keep)
+            for j, blk in enumerate(kept):  # only T5's first block owns the relative bias table
+                blk.layer[0].SelfAttention.has_relative_attention_bias = j == 0
+        else:
+            dec.layers = kept
+            student.config.decoder_layers = len(keep)
+    student.config.distill_init_layers = keep
+    for p in student.parameters():
+        p.requires_grad_(False)
+    for p in _trainable(student):
+        p.requires_grad_(True)
+    return student
+
+
+def _decoder_layers(model) -> int:
+    c = model.config
+    return getattr(c, "decoder_layers", None) or getattr(c, "num_decoder_layers", None) or c.num_layers
+
+
+def _trainable(student) -> list:
+    """The decoder layers and the final norm; embeddings, encoder and head stay the main model's."""
+    dec = student.model.decoder if student.config.model_type == "whisper" else student.get_decoder()
+    params = []
+    for name, p in dec.named_parameters():
+        if not name.startswith(("embed_tokens", "embed_positions")) and "relative_attention_bias" not in name:
+            params.append(p)
+    return params
+
+
+def draft_vocabulary(out: Path, shards: list[int], size: int, vocab: int, always: list[int]) -> list[int]:
+    """The ``size`` most frequent label tokens of the training shards, plus ``always`` (special and timestamp
+    tokens); sorted. size 0: the whole vocabulary."""
+    if size <= 0:
+        return list(range(vocab))
+    counts: Counter = Counter()
+    for s in shards:
+        for it in json.loads((shard_dir(out, s) / "items.json").read_text()):
+            counts.update(it["labels"])
+    return sorted({t for t, _ in counts.most_common(size)} | set(always))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Training
+
+
+def _batch(shards: dict[int, Shard], picks: list[tuple[int, int]], device: str = "cpu"):
+    """Encoder outputs (B, T, d) float32 and mask on ``device``; prompts, labels and top-k targets per item."""
+    import torch
+
+    hid = [np.asarray(shards[s].enc[i], dtype=np.float32) for s, i in picks]
+    mask = None
+    if shards[picks[0][0]].mask is not None:
+        width = max(h.shape[0] for h in hid)
+        hid = [np.pad(h, ((0, width - h.shape[0]), (0, 0))) for h in hid]
+        mask = torch.tensor(np.stack([np.pad(shards[s].mask[i], (0, width - shards[s].mask.shape[1]))
+                                      for s, i in picks]), dtype=torch.long, device=device)
+    prompts = [shards[s].items[i]["prompt"] for s, i in picks]
+    labels = [shards[s].items[i]["labels"] for s, i in picks]
+    tk_ids = [shards[s].topk_ids[shards[s].offsets[i] : shards[s].offsets[i] + len(labels[b])] for b, (s, i) in enumerate(picks)]
+    tk_lp = [shards[s].topk_lp[shards[s].offsets[i] : shards[s].offsets[i] + len(labels[b])] for b, (s, i) in enumerate(picks)]
+    return torch.from_numpy(np.stack(hid)).to(device), mask, prompts, labels, tk_ids, tk_lp
+
+
+def distill_loss(student, batch, kl_weight: float):
+    """Mean over label positions of CE(teacher token) + kl_weight * KL(teacher top-k || student)."""
+    import torch
+
+    hidden, mask, prompts, labels, tk_ids, tk_lp = batch
+    device = hidden.device
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        logits = forced_logits(student, hidden, mask, prompts, labels, grad=True)
+    total, count = 0.0, 0
+    for b, (p, y) in enumerate(zip(prompts, labels)):
+        lp = torch.log_softmax(logits[b, len(p) - 1 : len(p) - 1 + len(y)].float(), dim=-1)
+        ce = -lp.gather(1, torch.tensor(y, device=device)[:, None]).sum()
+        t_lp = torch.from_numpy(tk_lp[b].astype(np.float32)).to(device)
+        kl = (t_lp.exp() * (t_lp - lp.gather(1, torch.from_numpy(tk_ids[b]).long().to(device)))).sum()
+        total = total + ce + kl_weight * kl
+        count += len(y)
+    return total / max(count, 1)
+
+
+def evaluate_heldout(student, shard: Shard, vocab: list[int] | None, lookahead: int = 5) -> HeldOut:
+    """Teacher-forced agreement and, from it, tokens per main call at a constant lookahead: drafts agree
+    while the student's argmax (over the draft vocabulary) equals the teacher's token, so each main call
+    yields (agreeing run, at most ``lookahead``) + 1 tokens."""
+    import torch
+
+    device = next(student.parameters()).device
+    agree = total = calls = emitted = covered = 0
+    keep = None if vocab is None else torch.tensor(vocab, device=device)
+    for g in range(0, len(shard.items), 16):
+        picks = [(0, i) for i in range(g, min(g + 16, len(shard.items)))]
+        hidden, mask, prompts, labels, _, _ = _batch({0: shard}, picks, device)
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            logits = forced_logits(student, hidden, mask, prompts, labels)
+        for b, (p, y) in enumerate(zip(prompts, labels)):
+            lg = logits[b, len(p) - 1 : len(p) - 1 + len(y)].float()
+            pred = lg.argmax(-1) if keep is None else keep[lg[:, keep].argmax(-1)]
+            target = torch.tensor(y, device=device)
+            hits = (pred == target).tolist()
+            agree += sum(hits)
+            total += len(y)
+            covered += len(y) if keep is None else int(torch.isin(target, keep).sum())
+            t = 0
+            while t < len(y):
+                run = 0
+                while run < lookahead and t + run < len(y) and hits[t + run]:
+                    run += 1
+                step = min(run + 1, len(y) - t)
+                t += step
+                emitted += step
+                calls += 1
+    return HeldOut(agree / max(total, 1), emitted / max(calls, 1), covered / max(total, 1))
+
+
+def _save_checkpoint(path: Path, state: dict) -> None:
+    import torch
+
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def train(opts: DistillOptions, teacher: Teacher, shards_ids: list[int], deadline: float | None, log) -> dict:
+    """Train (or go on training) the student; returns the training state summary."""
+    import torch
+
+    from tqdm import tqdm
+
+    out = opts.out / "train"
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt = out / "checkpoint.pt"
+    student = make_student(teacher.model, opts.layers).float().to(teacher.device)
+    params = [p for p in student.parameters() if p.requires_grad]
+    optim = torch.optim.AdamW(params, lr=opts.lr, weight_decay=0.01)
+    state = {"step": 0, "seen": 0, "best": None, "curve": [], "seconds": 0.0}
+    if ckpt.is_file():
+        saved = torch.load(ckpt, weights_only=False, map_location=teacher.device)
+        student.load_state_dict(saved["student"], strict=False)
+        optim.load_state_dict(saved["optim"])
+        state = saved["state"]
+        log(f"resumed at step {state['step']} ({state['seen']} clips seen)")
+    shards = {s: read_shard(opts.out, s) for s in shards_ids}
+    heldout = read_shard(opts.out, HELDOUT_SHARD)
+    order = [(s, i) for s in shards_ids for i in range(len(shards[s].items))]
+    steps_total = int(opts.epochs * len(order) / opts.batch_size)
+    always = list(range(teacher.tokenizer.convert_tokens_to_ids(teacher.tokenizer.eos_token) or 0,
+                        teacher.model.config.vocab_size)) if teacher.is_whisper else list(teacher.tokenizer.all_special_ids)
+    vocab = draft_vocabulary(opts.out, shards_ids, opts.draft_vocab, teacher.model.config.vocab_size, always)
+    # warm-up then cosine decay, by step
+    def lr_at(step: int) -> float:
+        warm = max(1, min(100, steps_total // 20))
+        if step < warm:
+            return opts.lr * (step + 1) / warm
+        return opts.lr * 0.5 * (1 + np.cos(np.pi * min(1.0, (step - warm) / max(1, steps_total - warm))))
+
+    bar = tqdm(total=steps_total, initial=state["step"], desc="distil", unit="step")
+    t_run = time.perf_counter()
+    student.train()
+    while state["step"] < steps_total:
+        if deadline is not None and time.time() > deadline:
+            log("budget reached: stopping (resume with --resume)")
+            break
+        epoch, pos = divmod(state["step"] * opts.batch_size, len(order))
+        perm = list(order)
+        random.Random(opts.seed + epoch).shuffle(perm)
+        picks = perm[pos : pos + opts.batch_size]
+        for g in optim.param_groups:
+            g["lr"] = lr_at(state["step"])
+        loss = distill_loss(student, _batch(shards, picks, teacher.device), opts.kl_weight)
+        optim.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optim.step()
+        state["step"] += 1
+        state["seen"] += len(picks)
+        bar.update(1)
+        loss = loss.detach()
+        bar.set_postfix(loss=f"{float(loss):.3f}")
+        if state["step"] % opts.eval_every == 0 or state["step"] == steps_total:
+            student.eval()
+            h = evaluate_heldout(student, heldout, vocab)
+            student.train()
+            state["seconds"] += time.perf_counter() - t_run
+            t_run = time.perf_counter()
+            point = {"step": state["step"], "clips_seen": state["seen"], "distinct_clips": min(state["seen"], len(order)),
+                     "loss": round(float(loss), 4), **{k: round(v, 4) for k, v in asdict(h).items()},
+                     "cpu_seconds": round(state["seconds"], 1)}
+            state["curve"].append(point)
+            bar.set_postfix(loss=f"{float(loss):.3f}", agree=f"{h.agreement:.1%}", tpc=f"{h.tokens_per_call:.2f}")
+            log(json.dumps(point))
+            better = state["best"] is None or h.tokens_per_call > state["best"]["tokens_per_call"]
+            if better:
+                state["best"] = point
+                _save_checkpoint(out / "best.pt", {"student": _trainable_state(student), "vocab": vocab})
+            _save_checkpoint(ckpt, {"student": _trainable_state(student), "optim": optim.state_dict(), "state": state})
+    bar.close()
+    state["vocab_size"] = len(vocab)
+    state["finished"] = state["step"] >= steps_total
+    return state
+
+
+def _trainable_state(student) -> dict:
+    names = {id(p) for p in student.parameters() if p.requires_grad}
+    return {k: v.detach().clone() for k, v in student.named_parameters() if id(v) in names}
+
+
+#

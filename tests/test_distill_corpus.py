@@ -1,0 +1,110 @@
+"""The labelled corpus kept in the repository: recipes give the same audio again, shards are checksummed and
+written atomically, another teacher's labels are refused, a changed synthesiser is noticed, and a second run
+on a fresh folder takes its labels from the corpus instead of decoding again (a sentence gone from the index
+is skipped and counted)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import shutil
+
+import pytest
+
+from pipelines.distill import DistillError, DistillOptions, distill, read_shard
+from pipelines.distill.corpus import Corpus, CorpusError, LabelledClip
+from pipelines.distill.speech import Recipe, Sentences, audio_sha256, is_heldout, make_recipe, render
+from pipelines.evalsets import Speaker, project_sentences
+
+TEACHER = "embedded:whisper-base bfloat16"
+
+
+@pytest.fixture(scope="module")
+def sentences() -> Sentences:
+    """Debian-like addresses over the project's own sentences (no apt index needed)."""
+    text = {("pkg%d" % i, "%032x" % i, 0): s for i, s in enumerate(project_sentences()[:24])}
+    refs = sorted(text)
+    return Sentences(text, refs[4:], refs[:4])
+
+
+def test_a_recipe_renders_the_same_audio_again(sentences, tmp_path):
+    speaker, rng = Speaker(), random.Random(3)
+    recipes = [make_recipe(rng, sentences.train, sentences.text, speaker, tmp_path / "a.wav") for _ in range(6)]
+    assert {r.kind for r in recipes} == {"clip", "window"}
+    for r in recipes:
+        again = Recipe.from_json(json.loads(json.dumps(r.to_json())))
+        assert again == r
+        first, second = render(r, sentences.text, speaker, tmp_path / "b.wav"), render(again, sentences.text, speaker, tmp_path / "c.wav")
+        assert audio_sha256(first) == audio_sha256(second) and len(first) > 16000
+        assert len(first) <= r.cut * 16000
+
+
+def test_heldout_split_is_by_text_and_stable():
+    texts = [f"Sentence number {i} of the split test." for i in range(2000)]
+    held = [t for t in texts if is_heldout(t)]
+    assert 10 <= len(held) <= 60 and held == [t for t in texts if is_heldout(t)]
+
+
+def test_shards_are_checksummed_and_belong_to_one_teacher(sentences, tmp_path):
+    recipe = Recipe("clip", (sentences.train[0],), "flite:kal", (("duration_stretch", 1.0),), 0.5, None, 1)
+    corpus = Corpus(tmp_path, TEACHER, {"flite": "x"})
+    corpus.add(1, [LabelledClip(recipe, (50257,))], ["ab" * 32], {"date": "2026-12-01"})
+    assert not list(tmp_path.glob(".*tmp*"))  # written through temporary names, renamed
+    again = Corpus(tmp_path, TEACHER, {"flite": "x"})
+    assert again.shards() == [1] and again.read(1) == [LabelledClip(recipe, (50257,))]
+    with pytest.raises(CorpusError, match="labelled by"):
+        Corpus(tmp_path, "embedded:whisper-base float32", {})
+    with pytest.raises(CorpusError, match="synthesiser"):
+        again.check_synthesis(1, 0, "cd" * 32)
+    path = tmp_path / "shard-00001.json.gz"
+    path.write_bytes(gzip.compress(gzip.decompress(path.read_bytes()).replace(b"50257", b"50258")))
+    with pytest.raises(CorpusError, match="sha256"):
+        again.read(1)
+
+
+def test_labels_are_committed_then_reused_on_a_fresh_folder(sentences, tmp_path, monkeypatch):
+    from pipelines.distill import speech
+
+    monkeypatch.setattr(speech, "debian_sentences", lambda exclude, lists_dir=None: sentences)
+    corpus = tmp_path / "corpus"
+    opts = DistillOptions(main="whisper-base", out=tmp_path / "run1", clips=4, shard_size=4, heldout=2,
+                          corpus=corpus, label_only=True)
+    assert distill(opts, log=lambda *_: None) is None
+    manifest = json.loads((corpus / "manifest.json").read_text())
+    assert manifest["teacher"] == TEACHER and sorted(manifest["shards"]) == ["0", "1"]
+    assert manifest["shards"]["1"]["items"] == 4 and len(manifest["shards"]["1"]["audio_sha256"]) == 2
+    first = read_shard(opts.out, 1)
+
+    # a fresh working folder: the labels come from the corpus; one sentence has left the index
+    used = Corpus(corpus, TEACHER, {}).read(1)[0].recipe.sentences[0]
+    gone = Sentences({k: v for k, v in sentences.text.items() if k != used}, sentences.train, sentences.heldout)
+    monkeypatch.setattr(speech, "debian_sentences", lambda exclude, lists_dir=None: gone)
+    lines = []
+    second = DistillOptions(**{**opts.__dict__, "out": tmp_path / "run2"})
+    distill(second, log=lines.append)
+    assert any("labels from the corpus" in ln for ln in lines) and any("1 clips skipped" in ln for ln in lines)
+    kept = read_shard(second.out, 1)
+    assert len(kept.items) == 3
+    assert [it["labels"] for it in kept.items] == [it["labels"] for it in first.items if used not in _refs(it)]
+
+    # a damaged corpus stops the run with the reason
+    shutil.rmtree(second.out / "shards")
+    (corpus / "shard-00001.json.gz").write_bytes(b"junk")
+    with pytest.raises(DistillError, match="sha256"):
+        distill(DistillOptions(**{**second.__dict__, "resume": True}), log=lambda *_: None)
+
+
+def _refs(item: dict) -> list:
+    return [tuple(r) for r in item["sentences"]]
+
+
+def test_the_index_names_each_description_by_its_md5():
+    from pipelines.debian import Description, _parse_translation_index
+    from pipelines.distill.speech import split_sentences
+
+    text = ("Package: alpha\nDescription-md5: 0123abcd\nDescription-en: a tool\n First sentence of alpha here.\n .\n"
+            " Second one follows it now!\n\nPackage: beta\nDescription-md5: 89ef\nDescription-en: only a synopsis\n")
+    got = list(_parse_translation_index(text))
+    assert got == [Description("alpha", "0123abcd", "a tool", "First sentence of alpha here. Second one follows it now!")]
+    assert split_sentences(got[0].long)[1] == "Second one follows it now!"
