@@ -8,7 +8,7 @@ from pipelines.embedded import embedded_path
 from pipelines.engine import (
     AssistedDecoder, DecodeOptions, PolicyOptions, as_decoder, model_drafter, rules_from_generation_config,
 )
-from pipelines.engine.whisper import STEP_SHAPES, StepShape
+from pipelines.engine.whisper import STEP_SHAPES
 
 PROMPT = [50258, 50259, 50359, 50363]  # <|startoftranscript|><|en|><|transcribe|><|notimestamps|>
 EOT = 50257
@@ -327,8 +327,14 @@ def test_one_row_alone_and_in_a_batch_are_each_exact(exact_decoder, windows):
     _scheduled_run(decoder, one, windows[1][3:4], tokens, logits, random.Random(7))
 
 
-@pytest.mark.parametrize("shape", sorted({*STEP_SHAPES.values(), StepShape(4, False)}, key=str), ids=str)
-def test_every_pass_shape_of_the_table_is_exact(windows, shape):
+def _table_shapes() -> list[tuple[int, bool]]:
+    """Every (width, head form) the table can give, on any machine kind and at any batch size."""
+    shapes = {(4, False)} | {(s.width, s.head_transposed) for s in STEP_SHAPES.values()}
+    return sorted(shapes | {(s.batch_width, s.head_transposed) for s in STEP_SHAPES.values() if s.batch_width})
+
+
+@pytest.mark.parametrize("width, transposed", _table_shapes())
+def test_every_pass_shape_of_the_table_is_exact(windows, width, transposed):
     """Each machine takes its own pass shape (``step_shape``); every shape of the table holds the property,
     whatever machine runs this (float32, the long window alone, a random schedule)."""
     import random
@@ -337,7 +343,7 @@ def test_every_pass_shape_of_the_table_is_exact(windows, shape):
 
     model = WhisperForConditionalGeneration.from_pretrained(embedded_path("whisper-base"), dtype=torch.float32).eval()
     decoder = as_decoder(model)
-    decoder.width, decoder.head_transposed = shape.width, shape.head_transposed
+    decoder.width, decoder.head_transposed = width, transposed
     with torch.inference_mode():
         one = decoder.encode(input_features=windows[0][3:4])
     tokens, logits = _plain_run(decoder, one, windows[1][3:4], 32)

@@ -65,7 +65,8 @@ class FixedCausalDecoder(FixedShapeDecoder):
         (same prompts, same limit) get the same one."""
         need = capacity or self.max_positions
         slots = min(self.max_positions, -(-need // CAPACITY_STEP) * CAPACITY_STEP)
-        return FixedCache(len(self.inner.layers), batch, slots, self.kv_heads, self.head_dim, self.dtype, self.device)
+        return FixedCache(len(self.inner.layers), batch, slots, self.kv_heads, self.head_dim, self.dtype, self.device,
+                          self.width)
 
     def _layers(self, ids: torch.Tensor, positions: torch.Tensor, where: list[tuple[int, int, int]],
                 cache: FixedCache) -> torch.Tensor:

@@ -46,13 +46,14 @@ class FixedCache:
     the next true position. Nothing is ever moved or compacted."""
 
     def __init__(self, layers: int, batch: int, capacity: int, heads: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, width: int) -> None:
         shape = (batch, heads, capacity, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.cross: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.next_pos = [0] * batch
         self.capacity, self.device = capacity, device
+        self.width = width  # columns per row in every pass of this request (part of its fixed shape)
 
     def commit(self, keep: torch.Tensor) -> None:
         """After a forward call: ``keep`` (B, n) marks the chunk's tokens that were accepted."""
@@ -75,12 +76,11 @@ class FixedCache:
 
 
 class FixedShapeDecoder(Decoder):
-    """The tiling shared by fixed-shape main decoders. A subclass sets ``width``, ``head_weight`` (V, D) and
-    ``max_positions``, and implements ``new_cache`` and ``_layers`` (one tile through the decoder layers,
+    """The tiling shared by fixed-shape main decoders. A subclass sets ``head_weight`` (V, D) and
+    ``max_positions``, and implements ``new_cache`` (which fixes the request's width) and ``_layers`` (one tile through the decoder layers,
     writing the real tokens' keys and values to their slots first); ``_begin`` may prepare the cache."""
 
     fixed_batch = True  # the engine keeps finished rows in the batch (shapes stay fixed for the request)
-    width: int
     head_weight: torch.Tensor
     head_transposed: bool | None = None  # the head as (W h^T)^T; None: in float32 only
 
@@ -99,12 +99,13 @@ class FixedShapeDecoder(Decoder):
         if max(need):  # the prompt pass: tokens 0 .. need[b] - 1 of every row, width max(need)
             self._layers(*self._tile(chunks, [0] * batch, need, max(need), cache.next_pos, pad_id), cache)
         logits = torch.zeros(batch, n, self.head_weight.shape[0], device=device)
-        passes = max(-(-(len(c) - m) // self.width) for c, m in zip(chunks, need))
+        width = cache.width
+        passes = max(-(-(len(c) - m) // width) for c, m in zip(chunks, need))
         for i in range(passes):  # pass i: tokens need + i W ... need + (i + 1) W - 1 of every row
-            first = [m + i * self.width for m in need]
-            count = [max(0, min(self.width, len(c) - f)) for c, f in zip(chunks, first)]
-            ids, positions, where = self._tile(chunks, first, count, self.width, cache.next_pos, pad_id)
-            out = self._head(self._layers(ids, positions, where, cache)).float().view(batch, self.width, -1)
+            first = [m + i * width for m in need]
+            count = [max(0, min(width, len(c) - f)) for c, f in zip(chunks, first)]
+            ids, positions, where = self._tile(chunks, first, count, width, cache.next_pos, pad_id)
+            out = self._head(self._layers(ids, positions, where, cache)).float().view(batch, width, -1)
             for b, col, j in where:
                 logits[b, j] = out[b, col]
         return logits, real

@@ -23,6 +23,12 @@ from .lean import LeanDecoder, Linear, int8_available  # noqa: F401  (int8_avail
 class StepShape:
     width: int  # columns per row in every main-decoder pass (the verify width one pass covers)
     head_transposed: bool  # the head as (W h^T)^T rather than h W^T (same bits per row either way, other speed)
+    batch_rows: int | None = None  # from this many rows on, a request takes ``batch_width`` columns
+    batch_width: int | None = None
+
+    def width_for(self, rows: int) -> int:
+        """The width of a request of ``rows`` rows (fixed for the whole request, plain or assisted alike)."""
+        return self.batch_width if self.batch_rows is not None and rows >= self.batch_rows else self.width
 
 
 # The shape per (CPU vendor, dtype): its bits are the same for plain and assisted decoding whatever it is, so
@@ -35,11 +41,14 @@ class StepShape:
 #   2.2; MKL's small-M path), so width 4 made plain steps 1.45x slower than width 1 (two speech-long
 #   recordings, plain: 15.0-15.7 s at width 4, 10.7-10.9 s at width 1, 11.5-12.0 s at width 2 with h W^T;
 #   assisted 9.3-9.9 s at width 4, 9.8 s at width 2): width 2. bfloat16 (AMX tiles): width 4, head (W h^T)^T
-#   (1.5 ms against 2.0 for h W^T); plain speech-long 8.3-8.9 s (width 1: 9.1 s), assisted 5.9-6.1 s.
+#   (1.5 ms against 2.0 for h W^T); plain speech-long 8.3-8.9 s (width 1: 9.1 s), assisted 5.9-6.1 s. In
+#   batches of 8 (chunked long-form, all of speech-long) width 2 is faster both ways: plain 18.4-19.0 s
+#   against 19.8-20.1 s at width 4, assisted 15.8-16.6 against 17.2-17.3; at 4 rows it is mixed (plain
+#   24.8 against 26.4 s, assisted 21.2 against 20.6): width 2 from 8 rows on.
 # Elsewhere (CUDA, other CPUs): width 4, as on AMD.
 STEP_SHAPES = {
     ("GenuineIntel", torch.float32): StepShape(2, False),
-    ("GenuineIntel", torch.bfloat16): StepShape(4, True),
+    ("GenuineIntel", torch.bfloat16): StepShape(4, True, batch_rows=8, batch_width=2),
     ("AuthenticAMD", torch.float32): StepShape(4, True),
 }
 
@@ -71,8 +80,9 @@ class WhisperDecoder(FixedShapeDecoder):
         super().__init__(model)
         _adopt_whisper(self, model)
         self.heads = self.config.decoder_attention_heads
-        shape = step_shape(self.dtype, self.device)
-        self.width, self.head_transposed = width or shape.width, shape.head_transposed
+        self.shape = step_shape(self.dtype, self.device)
+        self.width = width  # None: by the request's rows (``StepShape.width_for``)
+        self.head_transposed = self.shape.head_transposed
         weight = model.proj_out.weight
         if self.vocab_ids is not None:
             weight = weight.index_select(0, torch.tensor(self.vocab_ids, dtype=torch.long, device=weight.device))
@@ -87,10 +97,11 @@ class WhisperDecoder(FixedShapeDecoder):
         return EncoderOutput(hidden, None)
 
     def new_cache(self, batch: int, capacity: int | None = None) -> FixedCache:
-        """Always the model's 448 positions (the shape every request of this model shares)."""
+        """Always the model's 448 positions, and the width for ``batch`` rows (``StepShape.width_for``): the shape
+        every pass of the request then shares."""
         d = self.config.d_model
         return FixedCache(len(self.decoder.layers), batch, self.max_positions, self.heads, d // self.heads, self.dtype,
-                          self.device)
+                          self.device, self.width or self.shape.width_for(batch))
 
     def _begin(self, cache: FixedCache, enc: EncoderOutput | None) -> None:
         if cache.cross is None:
