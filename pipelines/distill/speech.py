@@ -174,14 +174,15 @@ def audio_sha256(audio: np.ndarray) -> str:
 
 
 def synthesis_versions() -> dict[str, str]:
-    """The synthesisers' versions (flite's banner, the piper-tts package), recorded with each shard."""
+    """The synthesisers' versions (flite's ``--version`` line, the piper-tts package), recorded with each shard."""
     import importlib.metadata
     import shutil
     import subprocess
 
     out = {}
     if shutil.which("flite"):
-        out["flite"] = subprocess.run(["flite", "--version"], capture_output=True, text=True).stdout.strip().splitlines()[0]
+        banner = subprocess.run(["flite", "--version"], capture_output=True, text=True).stdout
+        out["flite"] = next((ln.split(":", 1)[1].strip() for ln in banner.splitlines() if "version:" in ln), banner.strip())
     try:
         out["piper-tts"] = importlib.metadata.version("piper-tts")
     except importlib.metadata.PackageNotFoundError:
