@@ -108,6 +108,10 @@ def build_corpus(opts: DistillOptions, teacher: Teacher, deadline: float | None,
             raise DistillError(str(e)) from None
         if source.skipped:
             log(f"corpus: {source.skipped} clips skipped (their sentences left Debian's index)")
+        if source.changed:
+            then, now = corpus.manifest.get("synthesis"), synthesis_versions()
+            log(f"corpus: {len(source.changed)} of the checked clips sound different from when they were labelled "
+                f"({', '.join(source.changed[:6])}; synthesis then {then}, now {now}): labels kept")
         return done - shard_done(opts.out, HELDOUT_SHARD)
     lines = read_text_lines(opts.data)
     random.Random(opts.seed).shuffle(lines)
@@ -130,13 +134,14 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
     budget ran out before training finished (``--resume`` goes on) or ``label_only`` stopped before it."""
     import torch
 
+    from ..devices import resolve_dtype
     from .export import export
 
     if opts.threads:
         torch.set_num_threads(opts.threads)
     plan_path = opts.out / "plan.json"
     plan = {"main": opts.main, "layers": opts.layers, "data": list(opts.data), "seed": opts.seed,
-            "shard_size": opts.shard_size, "heldout": opts.heldout}
+            "shard_size": opts.shard_size, "heldout": opts.heldout, **({"corpus": str(opts.corpus)} if opts.corpus else {})}
     if plan_path.is_file():
         if not opts.resume:
             raise DistillError(f"{opts.out} holds an earlier run: pass --resume to go on, or choose another --out")
@@ -146,8 +151,10 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
     plan_path.write_text(json.dumps(plan, indent=1))
     deadline = time.time() + opts.budget_minutes * 60 if opts.budget_minutes else None
     ref = resolve_main(opts.main)
-    # Whisper is labelled in bfloat16 (4x faster encoder on these CPUs); text models and all training in float32
-    teacher = Teacher(ref, "bfloat16" if is_whisper_ref(ref) else "float32", opts.device)
+    # Whisper is labelled in bfloat16 (4x faster encoder on these CPUs; float16 on a GPU without bfloat16);
+    # text models and all training in float32
+    label_dtype = resolve_dtype(opts.device, None, "bfloat16") if is_whisper_ref(ref) else "float32"
+    teacher = Teacher(ref, label_dtype, opts.device)
     done = build_corpus(opts, teacher, deadline, log)
     n_train = -(-opts.clips // opts.shard_size)
     if done < n_train:

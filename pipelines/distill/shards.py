@@ -93,7 +93,8 @@ class SpeechSource:
 
     def __init__(self, opts: DistillOptions, corpus: Corpus, sentences: Sentences, speaker, tmp: Path) -> None:
         self.opts, self.corpus, self.sentences, self.speaker, self.tmp = opts, corpus, sentences, speaker, tmp
-        self.skipped = 0
+        self.skipped = 0  # clips whose sentences left the index
+        self.changed: list[str] = []  # "shard/clip" whose audio differs from when it was labelled
 
     def items(self, shard: int) -> tuple[list[dict], list[list[int]] | None]:
         tmp = self.tmp / f"tts{shard}.wav"
@@ -105,7 +106,8 @@ class SpeechSource:
                     self.skipped += 1
                     continue
                 audio = render(clip.recipe, text, self.speaker, tmp)
-                self.corpus.check_synthesis(shard, i, audio_sha256(audio))
+                if not self.corpus.same_audio(shard, i, audio_sha256(audio)):
+                    self.changed.append(f"{shard}/{i}")
                 items.append(_item(clip.recipe, text, audio))
                 labels.append(list(clip.labels))
             return items, labels

@@ -38,8 +38,8 @@ _CLEAN = re.compile(r"^[A-Za-z][A-Za-z0-9 ,.;:'()!?-]+[.!?]$")
 
 @dataclass(frozen=True)
 class Sentences:
-    """The usable sentences of the index: text by address, and the addresses split into held-out and training
-    (each sorted; one address per distinct text, the first in (package, md5, index) order)."""
+    """The usable sentences of the index: text by address (every address), and the draw pools split into
+    held-out and training (each sorted; one address per distinct text, the first in (package, md5, index) order)."""
 
     text: dict[SentenceRef, str]
     train: list[SentenceRef]
@@ -61,15 +61,17 @@ def debian_sentences(exclude: set[str], lists_dir: Path | None = None) -> Senten
     evaluation sets' sentences). Raises ``debian.DataBuildError`` where the index cannot be fetched."""
     from ..debian import read_index
 
+    # every address resolves (a recipe's sentence stays found when another package gains the same text);
+    # the draw pools hold one address per distinct text, the first in (package, md5, index) order
     text: dict[SentenceRef, str] = {}
-    seen: set[str] = set()
+    first: dict[str, SentenceRef] = {}
     for d in sorted(read_index(lists_dir), key=lambda d: (d.package, d.md5)):
         for i, s in enumerate(split_sentences(d.long)):
-            if s in seen or s in exclude or not 5 <= len(s.split()) <= 30 or not _CLEAN.match(s) or "http" in s:
+            if s in exclude or not 5 <= len(s.split()) <= 30 or not _CLEAN.match(s) or "http" in s:
                 continue
-            seen.add(s)
             text[(d.package, d.md5, i)] = s
-    refs = sorted(text)
+            first.setdefault(s, (d.package, d.md5, i))
+    refs = sorted(first.values())
     return Sentences(text, [r for r in refs if not is_heldout(text[r])], [r for r in refs if is_heldout(text[r])])
 
 
