@@ -160,9 +160,11 @@ def test_the_pages_in_a_real_browser(server, local_models_file, speech_real, tmp
             _settle(page)
             _type_and_leave(page, "Text", f"Typed, then straight to another page ({n}).", "Summarize")
             _nav(page, "Translate")
-            # the page's widgets fill in after its heading: wait for the value rather than read it at once
-            expect(page.get_by_label("Text", exact=True)).to_have_value(f"Typed, then straight to another page ({n}).",
-                                                                         timeout=15000)
+            # the page's widgets fill in after its heading, and for a moment the old page's box may still be in
+            # the document beside the new one: wait until the box on the page holds the text
+            page.wait_for_function("""text => [...document.querySelectorAll('textarea[aria-label="Text"]')]
+                .some(box => box.value === text && box.isConnected && box.offsetParent !== null)""",
+                                   arg=f"Typed, then straight to another page ({n}).", timeout=15000)
         page.screenshot(path=str(shots / "translate.png"), full_page=True)
 
         # Transcribe: an upload, the transcript and the four downloads (the CLI's writers)
