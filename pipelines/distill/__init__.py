@@ -83,7 +83,7 @@ def build_corpus(opts: DistillOptions, teacher: Teacher, deadline: float | None,
     """Build the training features of the held-out shard and of ``opts.clips`` training items (or until the
     deadline); returns the number of training shards done. Each shard is written atomically, so a stopped
     run loses at most one."""
-    n_train = -(-opts.clips // opts.shard_size)
+    n_train = opts.train_shards
     shards = list(range(n_train + 1))
     if all(shard_done(opts.out, s) for s in shards):
         return n_train
@@ -126,7 +126,7 @@ def build_corpus(opts: DistillOptions, teacher: Teacher, deadline: float | None,
 
 def corpus_labelled(opts: DistillOptions) -> bool:
     """Whether the run's folder holds the features of every shard ``opts`` asks for."""
-    return all(shard_done(opts.out, s) for s in range(-(-opts.clips // opts.shard_size) + 1))
+    return all(shard_done(opts.out, s) for s in range(opts.train_shards + 1))
 
 
 def distill(opts: DistillOptions, log=print) -> Path | None:
@@ -156,7 +156,7 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
     label_dtype = resolve_dtype(opts.device, None, "bfloat16") if is_whisper_ref(ref) else "float32"
     teacher = Teacher(ref, label_dtype, opts.device)
     done = build_corpus(opts, teacher, deadline, log)
-    n_train = -(-opts.clips // opts.shard_size)
+    n_train = opts.train_shards
     if done < n_train:
         log(f"corpus: {done}/{n_train} shards labelled when the budget ran out; resume with --resume")
         return None

@@ -36,6 +36,11 @@ class DistillOptions:
     corpus: Path | None = None  # ASR: the committed corpus folder (None: data/distill/<main model>)
     label_only: bool = False  # grow the corpus (and the training features) and stop before training
 
+    @property
+    def train_shards(self) -> int:
+        """Training shards for ``clips`` items (shards 1 .. this; shard 0 is held out)."""
+        return -(-self.clips // self.shard_size)
+
 
 @dataclass(frozen=True)
 class HeldOut:

@@ -116,8 +116,9 @@ class SpeechSource:
         size = self.opts.heldout if shard == HELDOUT_SHARD else self.opts.shard_size
         items = []
         for _ in range(size):
-            recipe = make_recipe(rng, pool, text, self.speaker, tmp)
-            items.append(_item(recipe, text, render(recipe, text, self.speaker, tmp)))
+            spoken: dict = {}  # a window's sentences, synthesised once for its recipe and its audio
+            recipe = make_recipe(rng, pool, text, self.speaker, tmp, spoken)
+            items.append(_item(recipe, text, render(recipe, text, self.speaker, tmp, spoken)))
         return items, None
 
 

@@ -120,9 +120,10 @@ def speak(speaker: Speaker, voice: str, settings: tuple[tuple[str, float], ...],
 
 
 def make_recipe(rng: random.Random, pool: list[SentenceRef], text: dict[SentenceRef, str], speaker: Speaker,
-                tmp: Path) -> Recipe:
+                tmp: Path, spoken: dict[str, np.ndarray] | None = None) -> Recipe:
     """A short clip (60%) or a 30 s window of sentences and pauses (40%), drawn with ``rng``. A window takes
-    sentences until 32 s are spoken, so its recipe needs their lengths: each is synthesised once here."""
+    sentences until 32 s are spoken, so its recipe needs their lengths: each is synthesised once here, and
+    kept in ``spoken`` (sentence -> samples) for ``render`` when given."""
     voice, settings = _voice(rng)
     if rng.random() < 0.6:
         sentences = tuple(rng.choice(pool) for _ in range(rng.choice((1, 1, 2))))
@@ -136,7 +137,10 @@ def make_recipe(rng: random.Random, pool: list[SentenceRef], text: dict[Sentence
         pause = round(rng.uniform(0.4, 1.2), 3)
         sentences.append(ref)
         pauses.append(pause)
-        t += len(speak(speaker, voice, settings, text[ref], tmp)) / SAMPLE_RATE + pause
+        speech = speak(speaker, voice, settings, text[ref], tmp)
+        if spoken is not None:
+            spoken[text[ref]] = speech
+        t += len(speech) / SAMPLE_RATE + pause
     gain, snr, seed = _draw_augmentation(rng)
     # a final window of a recording is shorter: keep a fifth of the windows whole but short
     cut = WINDOW_SECONDS if rng.random() < 0.8 else round(rng.uniform(8.0, WINDOW_SECONDS), 3)
@@ -149,18 +153,21 @@ def _draw_augmentation(rng: random.Random) -> tuple[float, float | None, int]:
     return gain, snr, rng.randrange(2**31)
 
 
-def render(recipe: Recipe, text: dict[SentenceRef, str], speaker: Speaker, tmp: Path) -> np.ndarray:
+def render(recipe: Recipe, text: dict[SentenceRef, str], speaker: Speaker, tmp: Path,
+           spoken: dict[str, np.ndarray] | None = None) -> np.ndarray:
     """The clip's audio, 16 kHz mono float32: the sentences spoken (a clip: as one utterance; a window: one by
     one with the lead-in and pauses), times the gain, plus white noise at the SNR, cut at ``recipe.cut``.
     Noise: n ~ N(0, 1) from ``numpy.random.default_rng(noise_seed)``, scaled to power P / 10^(SNR / 10),
-    P the mean power of the gained speech."""
+    P the mean power of the gained speech. ``spoken``: a window's sentences already synthesised with this
+    recipe's voice (``make_recipe``), used instead of speaking them again."""
     words = [text[r] for r in recipe.sentences]
     if recipe.kind == "clip":
         audio = speak(speaker, recipe.voice, recipe.settings, " ".join(words), tmp)
     else:
         pieces = [np.zeros(int(recipe.lead * SAMPLE_RATE), np.float32)]
         for w, pause in zip(words, recipe.pauses):
-            pieces += [speak(speaker, recipe.voice, recipe.settings, w, tmp), np.zeros(int(pause * SAMPLE_RATE), np.float32)]
+            speech = spoken[w] if spoken and w in spoken else speak(speaker, recipe.voice, recipe.settings, w, tmp)
+            pieces += [speech, np.zeros(int(pause * SAMPLE_RATE), np.float32)]
         audio = np.concatenate(pieces)
     out = audio.astype(np.float32) * np.float32(recipe.gain)
     if recipe.noise_snr is not None and len(out):

@@ -42,6 +42,7 @@ class FixedCausalDecoder(FixedShapeDecoder):
         config = self.config
         self.inner = model.model
         self.width = width
+        self.head_transposed = self.dtype == torch.float32  # (W h^T)^T in float32, as measured on AMD
         self.max_positions = min(getattr(config, "max_position_embeddings", TABLE_MAX) or TABLE_MAX, TABLE_MAX)
         self.heads = config.num_attention_heads
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads

@@ -76,13 +76,14 @@ class FixedCache:
 
 
 class FixedShapeDecoder(Decoder):
-    """The tiling shared by fixed-shape main decoders. A subclass sets ``head_weight`` (V, D) and
-    ``max_positions``, and implements ``new_cache`` (which fixes the request's width) and ``_layers`` (one tile through the decoder layers,
-    writing the real tokens' keys and values to their slots first); ``_begin`` may prepare the cache."""
+    """The tiling shared by fixed-shape main decoders. A subclass sets ``head_weight`` (V, D), ``head_transposed``
+    and ``max_positions``, and implements ``new_cache`` (which fixes the request's width) and ``_layers`` (one
+    tile through the decoder layers, writing the real tokens' keys and values to their slots first); ``_begin``
+    may prepare the cache."""
 
     fixed_batch = True  # the engine keeps finished rows in the batch (shapes stay fixed for the request)
     head_weight: torch.Tensor
-    head_transposed: bool | None = None  # the head as (W h^T)^T; None: in float32 only
+    head_transposed: bool  # the head as (W h^T)^T rather than h W^T (set by the subclass)
 
     def forward(self, chunks: list[list[int]], cache: FixedCache, enc: EncoderOutput | None, pad_id: int,
                 need_from: list[int] | None = None):
@@ -161,7 +162,6 @@ class FixedShapeDecoder(Decoder):
         where ``head_transposed`` says so (some BLAS run it 2-4 times faster at 2-8 rows, others slower); either
         way each row's bits depend only on it, and every pass of a request uses the same form."""
         h = hidden.reshape(-1, hidden.shape[-1])
-        transposed = self.head_transposed if self.head_transposed is not None else h.dtype == torch.float32
-        if transposed:
+        if self.head_transposed:
             return torch.mm(self.head_weight, h.t()).t()
         return torch.nn.functional.linear(h, self.head_weight)
