@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from pipelines.distill import DistillError, DistillOptions, distill, read_shard
+from pipelines.distill import DistillError, DistillOptions, corpus_labelled, distill, read_shard
 from pipelines.distill.corpus import Corpus, CorpusError, LabelledClip
 from pipelines.distill.speech import Recipe, Sentences, audio_sha256, is_heldout, make_recipe, render
 from pipelines.evalsets import Speaker, project_sentences
@@ -62,6 +62,14 @@ def test_shards_are_checksummed_and_belong_to_one_teacher(sentences, tmp_path):
         again.read(1)
 
 
+def test_two_runs_on_one_corpus_keep_each_others_shards(sentences, tmp_path):
+    recipe = Recipe("clip", (sentences.train[0],), "flite:kal", (("duration_stretch", 1.0),), 0.5, None, 1)
+    first, second = Corpus(tmp_path, TEACHER, {}), Corpus(tmp_path, TEACHER, {})  # both read the empty manifest
+    first.add(1, [LabelledClip(recipe, (1,))], [], {})
+    second.add(2, [LabelledClip(recipe, (2,))], [], {})
+    assert Corpus(tmp_path, TEACHER, {}).shards() == [1, 2]
+
+
 def test_labels_are_committed_then_reused_on_a_fresh_folder(sentences, tmp_path, monkeypatch):
     from pipelines.distill import speech
 
@@ -73,7 +81,12 @@ def test_labels_are_committed_then_reused_on_a_fresh_folder(sentences, tmp_path,
     manifest = json.loads((corpus / "manifest.json").read_text())
     assert manifest["teacher"] == TEACHER and sorted(manifest["shards"]) == ["0", "1"]
     assert manifest["shards"]["1"]["items"] == 4 and len(manifest["shards"]["1"]["audio_sha256"]) == 2
-    first = read_shard(opts.out, 1)
+    assert not (opts.out / "shards").exists()  # growing the corpus writes no training features
+    first = Corpus(corpus, TEACHER, {}).read(1)
+    lines = []  # a second growth run with the corpus complete labels nothing
+    assert distill(DistillOptions(**{**opts.__dict__, "resume": True}), log=lines.append) is None
+    assert not any("labelling" in ln for ln in lines) and corpus_labelled(opts)
+    assert not corpus_labelled(DistillOptions(**{**opts.__dict__, "clips": 8}))
 
     # a fresh working folder: the labels come from the corpus; one sentence has left the index
     used = Corpus(corpus, TEACHER, {}).read(1)[0].recipe.sentences[0]
@@ -83,23 +96,20 @@ def test_labels_are_committed_then_reused_on_a_fresh_folder(sentences, tmp_path,
     manifest["shards"]["1"]["audio_sha256"][1] = "00" * 32
     (corpus / "manifest.json").write_text(json.dumps(manifest))
     lines = []
-    second = DistillOptions(**{**opts.__dict__, "out": tmp_path / "run2"})
+    second = DistillOptions(**{**opts.__dict__, "out": tmp_path / "run2", "label_only": False, "steps": 1,
+                               "batch_size": 2, "eval_every": 1})
     distill(second, log=lines.append)
     assert any("labels from the corpus" in ln for ln in lines) and any("1 clips skipped" in ln for ln in lines)
     assert any("1 of the checked clips sound different" in ln and "1/1" in ln for ln in lines)
     kept = read_shard(second.out, 1)
     assert len(kept.items) == 3
-    assert [it["labels"] for it in kept.items] == [it["labels"] for it in first.items if used not in _refs(it)]
+    assert [tuple(it["labels"]) for it in kept.items] == [c.labels for c in first if used not in c.recipe.sentences]
 
     # a damaged corpus stops the run with the reason
     shutil.rmtree(second.out / "shards")
     (corpus / "shard-00001.json.gz").write_bytes(b"junk")
     with pytest.raises(DistillError, match="sha256"):
         distill(DistillOptions(**{**second.__dict__, "resume": True}), log=lambda *_: None)
-
-
-def _refs(item: dict) -> list:
-    return [tuple(r) for r in item["sentences"]]
 
 
 def test_the_index_names_each_description_by_its_md5():
@@ -126,3 +136,22 @@ def test_an_address_still_resolves_when_another_package_gains_its_sentence(monke
     after = debian_sentences(set())
     assert after.text[ref] == line  # the recipe's address still gives its sentence
     assert ("alpha", "bb", 0) in after.train + after.heldout and ref not in after.train + after.heldout
+
+
+def test_the_learning_curve_trains_each_size_and_shows_it_on_the_card(sentences, tmp_path, monkeypatch, speech_real):
+    from pipelines.distill import speech
+
+    monkeypatch.setattr(speech, "debian_sentences", lambda exclude, lists_dir=None: sentences)
+    opts = DistillOptions(main="whisper-base", out=tmp_path / "run", shard_size=4, heldout=2, corpus=tmp_path / "corpus",
+                          curve=(4, 8), steps=2, batch_size=2, eval_every=1)
+    folder = distill(opts, log=lambda *_: None)
+    card = json.loads((folder / "card.json").read_text())
+    sizes = card["sizes"]
+    assert [p["clips"] for p in sizes] == [4, 8] and all(p["steps"] == 2 and p["clips_seen"] == 4 for p in sizes)
+    assert all(0.0 <= p[k]["agreement"] <= 1.0 and p[k]["tokens_per_call"] >= 1.0 for p in sizes for k in ("heldout", "real"))
+    assert sizes[0]["label_seconds"] < sizes[1]["label_seconds"] and sizes[1]["label_devices"][0].startswith("cpu: ")
+    assert "## Learning curve by corpus size" in (folder / "CARD.md").read_text()
+    # a second start goes on from what the folder holds: each size's point is kept, nothing trains again
+    lines = []
+    distill(DistillOptions(**{**opts.__dict__, "resume": True}), log=lines.append)
+    assert not any(ln.startswith("curve ") for ln in lines) and any("assistant written" in ln for ln in lines)

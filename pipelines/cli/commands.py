@@ -255,7 +255,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
                           heldout=args.heldout, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                           draft_vocab=args.draft_vocab, budget_minutes=args.budget_minutes, resume=args.resume,
                           device=args.device, corpus=Path(args.corpus) if args.corpus else None,
-                          label_only=args.label_only)
+                          label_only=args.label_only, steps=args.steps, curve=parse_sizes(args.curve))
     folder = distill(opts)
     if folder is None and opts.label_only and corpus_labelled(opts):
         print(f"labelled: {opts.clips} training items and the held-out shard in {args.out}")
@@ -265,6 +265,21 @@ def cmd_distill(args: argparse.Namespace) -> int:
         return 3
     print(f"assistant: {folder} (see CARD.md there)")
     return 0
+
+
+def parse_sizes(text: str | None) -> tuple[int, ...]:
+    """--curve's comma-separated corpus sizes (DistillError, exit 2, for anything but positive integers)."""
+    from ..distill import DistillError
+
+    if not text:
+        return ()
+    try:
+        sizes = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        sizes = ()
+    if not sizes or sizes[0] <= 0:
+        raise DistillError(f"--curve {text!r}: positive clip counts, comma-separated")
+    return sizes
 
 
 def cmd_regress(args: argparse.Namespace) -> int:

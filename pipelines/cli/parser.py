@@ -208,7 +208,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="go on from what DIR holds")
     p.add_argument("--corpus", metavar="DIR", help="Whisper: the labelled corpus kept in the repository, read and grown "
                    "(default: data/distill/<main model>)")
-    p.add_argument("--label-only", action="store_true", help="label (and grow the corpus) up to --clips, then stop before training")
+    p.add_argument("--label-only", action="store_true", help="grow the corpus to --clips training items (labels only, "
+                   "no training features), then stop before training")
+    p.add_argument("--curve", metavar="N,N,...", help="Whisper: the learning curve by corpus size: a student trained on "
+                   "the first N clips for each N (the same steps each), measured on the held-out shard and speech-real; "
+                   "the largest size's student is exported with the curve on its card")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps per training (default: --epochs over the "
+                   "training items; with --curve, over the largest size)")
     p.set_defaults(func=cmd_distill)
 
     p = command(sub, "regress", help="nightly regression run: evaluations, history (SQLite), baseline, thresholds, report with plots; exit 1 on a regression")

@@ -20,11 +20,12 @@ import json
 import random
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from ..loading import ModelRef
 from .options import HELDOUT_SHARD, TOPK, DistillError, DistillOptions, HeldOut
-from .shards import Shard, build_features, read_shard, shard_done
+from .shards import Shard, build_features, grow_corpus, read_shard, shard_done
 from .student import spread_layers, train
 from .teacher import Teacher, is_whisper_ref
 
@@ -85,7 +86,7 @@ def build_corpus(opts: DistillOptions, teacher: Teacher, deadline: float | None,
     run loses at most one."""
     n_train = opts.train_shards
     shards = list(range(n_train + 1))
-    if all(shard_done(opts.out, s) for s in shards):
+    if not opts.label_only and all(shard_done(opts.out, s) for s in shards):
         return n_train
     tmp = opts.out / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
@@ -103,6 +104,8 @@ def build_corpus(opts: DistillOptions, teacher: Teacher, deadline: float | None,
         log(f"corpus {corpus.folder}: {len(corpus.shards())} shards committed "
             f"({sum(corpus.entry(s)['items'] for s in corpus.shards())} clips)")
         try:
+            if opts.label_only:  # the corpus only: its shards count, no training features
+                return grow_corpus(teacher, source.items, shards, 440, deadline, log, corpus) - corpus.has(HELDOUT_SHARD)
             done = build_features(opts, teacher, source.items, shards, 440, deadline, log, corpus)
         except CorpusError as e:
             raise DistillError(str(e)) from None
@@ -125,8 +128,14 @@ def build_corpus(opts: DistillOptions, teacher: Teacher, deadline: float | None,
 
 
 def corpus_labelled(opts: DistillOptions) -> bool:
-    """Whether the run's folder holds the features of every shard ``opts`` asks for."""
-    return all(shard_done(opts.out, s) for s in range(opts.train_shards + 1))
+    """Whether every shard ``opts`` asks for is labelled: in the committed corpus (Whisper, ``label_only``),
+    else as training features in the run's folder."""
+    wanted = range(opts.train_shards + 1)
+    manifest = (opts.corpus or default_corpus(resolve_main(opts.main))) / "manifest.json"
+    if opts.label_only and manifest.is_file():
+        held = json.loads(manifest.read_text()).get("shards", {})
+        return all(str(s) in held for s in wanted)
+    return all(shard_done(opts.out, s) for s in wanted)
 
 
 def distill(opts: DistillOptions, log=print) -> Path | None:
@@ -150,6 +159,9 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
     opts.out.mkdir(parents=True, exist_ok=True)
     plan_path.write_text(json.dumps(plan, indent=1))
     deadline = time.time() + opts.budget_minutes * 60 if opts.budget_minutes else None
+    if opts.curve:  # every size trains as long as the largest would at ``epochs``
+        opts = replace(opts, clips=max(opts.curve),
+                       steps=opts.steps or int(opts.epochs * max(opts.curve) / opts.batch_size))
     ref = resolve_main(opts.main)
     # Whisper is labelled in bfloat16 (4x faster encoder on these CPUs; float16 on a GPU without bfloat16);
     # text models and all training in float32
@@ -163,6 +175,8 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
     if opts.label_only:
         log(f"corpus: {done} training shards labelled (--label-only: no training)")
         return None
+    if opts.curve:
+        return run_curve(opts, ref, teacher, deadline, log)
     if teacher.model.dtype != torch.float32:
         teacher = Teacher(ref, "float32", opts.device)
     state = train(opts, teacher, list(range(1, n_train + 1)), deadline, log)
@@ -171,3 +185,23 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
             export(opts, teacher, state, log)
         return None
     return export(opts, teacher, state, log)
+
+
+def run_curve(opts: DistillOptions, ref: ModelRef, label_teacher: Teacher, deadline: float | None, log) -> Path | None:
+    """The learning curve over ``opts.curve`` (``curve``), then the largest size's student exported."""
+    from dataclasses import asdict
+
+    from .curve import learning_curve
+    from .export import export
+
+    import torch
+
+    if not label_teacher.is_whisper:
+        raise DistillError("--curve measures on speech-real: Whisper main models only")
+    train_teacher = label_teacher if label_teacher.dtype == "float32" else Teacher(ref, "float32", opts.device)
+    points = learning_curve(opts, label_teacher, train_teacher, opts.corpus or default_corpus(ref), deadline, log)
+    if points is None:
+        return None
+    largest = opts.out / "curve" / str(max(opts.curve))
+    state = torch.load(largest / "checkpoint.pt", weights_only=False, map_location="cpu")["state"]
+    return export(opts, train_teacher, state, log, largest, [asdict(p) for p in points])

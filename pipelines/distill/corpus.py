@@ -8,7 +8,8 @@ for it (the label). Files:
                           clips' audio, and when, where and how fast it was labelled
     shard-NNNNN.json.gz   a list of {"recipe": ..., "labels": [token ids]}; shard 0 is the held-out part
 A shard is written to a temporary file and renamed, then the manifest is rewritten the same way: a run
-stopped at any moment leaves the corpus as it was or one shard larger (one run at a time per corpus).
+stopped at any moment leaves the corpus as it was or one shard larger; runs sharing a corpus rewrite its
+manifest under a lock (``.lock``), each adding its own shards to what is there.
 Reading checks each shard's checksum; rendering compares the audio hashes and reports clips that now sound
 different (another synthesiser version, or another processor's floating point in the resampler or Piper's
 onnxruntime), counted, not fatal: their labels were made from nearly the same audio. Shards labelled on
@@ -18,10 +19,12 @@ About 60 bytes a label token compressed: 20,000 clips are a few MB.
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import hashlib
 import json
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,9 +44,24 @@ class LabelledClip:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
+    """Write to a temporary name, flush it to the disk, rename: readers see the old file or the new one."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_bytes(data)
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+@contextmanager
+def _locked(folder: Path):
+    """An exclusive lock on the corpus folder (``.lock``) while its manifest is read and rewritten."""
+    with open(folder / ".lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 class Corpus:
@@ -95,13 +113,15 @@ class Corpus:
         name = f"shard-{shard:05d}.json.gz"
         body = json.dumps([{"recipe": c.recipe.to_json(), "labels": list(c.labels)} for c in clips], separators=(",", ":"))
         data = gzip.compress(body.encode(), mtime=0)
-        _atomic_write(self.folder / name, data)
-        self.manifest["synthesis"] = self.synthesis
-        self.manifest["shards"][str(shard)] = {
-            "file": name, "items": len(clips), "tokens": sum(len(c.labels) for c in clips),
-            "sha256": hashlib.sha256(data).hexdigest(), "audio_sha256": audio_hashes, "made": made}
-        self.manifest["shards"] = dict(sorted(self.manifest["shards"].items(), key=lambda kv: int(kv[0])))
-        _atomic_write(self.folder / "manifest.json", (json.dumps(self.manifest, indent=1) + "\n").encode())
+        with _locked(self.folder):  # another run may have added shards since this one read the manifest
+            _atomic_write(self.folder / name, data)
+            self.manifest = self._load()
+            self.manifest["synthesis"] = self.synthesis
+            self.manifest["shards"][str(shard)] = {
+                "file": name, "items": len(clips), "tokens": sum(len(c.labels) for c in clips),
+                "sha256": hashlib.sha256(data).hexdigest(), "audio_sha256": audio_hashes, "made": made}
+            self.manifest["shards"] = dict(sorted(self.manifest["shards"].items(), key=lambda kv: int(kv[0])))
+            _atomic_write(self.folder / "manifest.json", (json.dumps(self.manifest, indent=1) + "\n").encode())
 
     def same_audio(self, shard: int, index: int, audio_hash: str) -> bool:
         """False when clip ``index`` (< 2) of ``shard`` renders other audio than when it was labelled."""

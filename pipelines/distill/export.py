@@ -12,26 +12,27 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .options import TOPK, DistillOptions
-from .student import make_student
+from .student import load_best
 from .teacher import Teacher
 
 
 
 
-def export(opts: DistillOptions, teacher: Teacher, state: dict, log) -> Path:
-    """Write the assistant from the best checkpoint into ``out/assistant``."""
+def export(opts: DistillOptions, teacher: Teacher, state: dict, log, folder: Path | None = None,
+           sizes: list[dict] | None = None) -> Path:
+    """Write the assistant from the best checkpoint of ``folder`` (default: the run's ``train``) into
+    ``out/assistant``; ``sizes``: the learning curve by corpus size (``curve``), shown on the card."""
     import torch
 
-    best = torch.load(opts.out / "train" / "best.pt", weights_only=False, map_location=teacher.device)
-    student = make_student(teacher.model, opts.layers).float()
-    student.load_state_dict(best["student"], strict=False)
+    student, vocab = load_best(teacher, opts.layers, folder or opts.out / "train")
     final = opts.out / "assistant"
     tmp = final.with_name(f"assistant.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     card = {
         "main": str(teacher.ref), "layers": opts.layers, "init_layers": student.config.distill_init_layers,
-        "draft_vocab_size": len(best["vocab"]), "training": state.get("best"), "curve": state.get("curve"),
+        "draft_vocab_size": len(vocab), "training": state.get("best"), "curve": state.get("curve"),
+        **({"sizes": sizes} if sizes else {}),
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()},
     }
     if teacher.is_whisper:
@@ -44,9 +45,9 @@ def export(opts: DistillOptions, teacher: Teacher, state: dict, log) -> Path:
         digest = hashlib.sha256((tmp / "layers.safetensors").read_bytes()).hexdigest()
         (tmp / "assistant.json").write_text(json.dumps({
             "base": teacher.ref.id, "layers": opts.layers, "init_layers": student.config.distill_init_layers,
-            "draft_vocab": best["vocab"], "sha256": digest}, indent=1))
+            "draft_vocab": vocab, "sha256": digest}, indent=1))
     else:
-        student.config.draft_vocab = best["vocab"] if len(best["vocab"]) < student.config.vocab_size else None
+        student.config.draft_vocab = vocab if len(vocab) < student.config.vocab_size else None
         student.save_pretrained(tmp)
         teacher.tokenizer.save_pretrained(tmp)
     (tmp / "card.json").write_text(json.dumps(card, indent=1))
@@ -73,6 +74,10 @@ def card_text(card: dict) -> str:
     ]
     for p in card.get("curve") or []:
         lines.append(f"| {p['step']} | {p['clips_seen']} | {p['agreement']:.1%} | {p['tokens_per_call']:.2f} | {p['cpu_seconds']} |")
+    if card.get("sizes"):
+        from .curve import curve_table
+
+        lines += ["", "## Learning curve by corpus size", "", *curve_table(card["sizes"])]
     return "\n".join(lines) + "\n"
 
 

@@ -34,7 +34,9 @@ class DistillOptions:
     threads: int | None = None
     device: str = "cpu"  # resolved by devices.resolve_device: labelling and training run there
     corpus: Path | None = None  # ASR: the committed corpus folder (None: data/distill/<main model>)
-    label_only: bool = False  # grow the corpus (and the training features) and stop before training
+    label_only: bool = False  # grow the committed corpus (Whisper; text models: the training features) and stop
+    steps: int | None = None  # optimizer steps per training (None: ``epochs`` over the training items)
+    curve: tuple[int, ...] = ()  # corpus sizes of the learning curve: a student trained on the first N clips each
 
     @property
     def train_shards(self) -> int:

@@ -127,35 +127,61 @@ def _item(recipe, text, audio) -> dict:
             "voice": {"voice": recipe.voice, **dict(recipe.settings)}, "audio": audio}
 
 
+def synthesised_ahead(make, todo: list[int], deadline: float | None):
+    """Yield (shard, items, labels or None) for ``todo`` in order, until the deadline; the next shard's audio
+    is synthesised while this one is labelled (flite and Piper run beside the model)."""
+    if not todo:
+        return
+    with ThreadPoolExecutor(1) as pool_ex:
+        future = pool_ex.submit(make, todo[0])
+        for k, s in enumerate(todo):
+            if deadline is not None and time.time() > deadline:
+                future.cancel()
+                return
+            items, labels = future.result()
+            if k + 1 < len(todo):
+                future = pool_ex.submit(make, todo[k + 1])
+            if not items:
+                raise DistillError(f"shard {s}: no item left (every clip's sentences left Debian's index)")
+            yield s, items, labels
+
+
 def build_features(opts: DistillOptions, teacher: Teacher, make, shards: list[int], max_new: int, deadline: float | None,
                    log, corpus: Corpus | None = None) -> int:
     """Build the training features of ``shards`` not yet on disk; ``make(shard)`` gives (items, labels or None).
-    New labels are added to ``corpus`` (when given) shard by shard. Returns the shards done. The next shard's
-    audio is synthesised while this one is labelled (flite and Piper run beside the model)."""
+    New labels are added to ``corpus`` (when given) shard by shard. Returns the shards done."""
     todo = [s for s in shards if not shard_done(opts.out, s)]
-    if todo:
-        with ThreadPoolExecutor(1) as pool_ex:
-            future = pool_ex.submit(make, todo[0])
-            for k, s in enumerate(todo):
-                if deadline is not None and time.time() > deadline:
-                    future.cancel()
-                    break
-                items, labels = future.result()
-                if k + 1 < len(todo):
-                    future = pool_ex.submit(make, todo[k + 1])
-                if not items:
-                    raise DistillError(f"shard {s}: no item left (every clip's sentences left Debian's index)")
-                t0 = time.perf_counter()
-                fresh = labels is None
-                hidden, mask, prompts, labels, ids, lps = featurise(teacher, items, max_new, labels)
-                seconds = time.perf_counter() - t0
-                if fresh and corpus is not None:
-                    corpus.add(s, [LabelledClip(it["recipe"], tuple(y)) for it, y in zip(items, labels)],
-                               [audio_sha256(it["audio"]) for it in items[:2]], made(teacher, seconds, corpus))
-                write_shard(opts.out, s, hidden, mask, items, prompts, labels, ids, lps)
-                log(f"shard {s}: {len(items)} items, {sum(map(len, labels))} label tokens, "
-                    f"{seconds:.1f} s {'labelling' if fresh else 'encoding (labels from the corpus)'}")
+    for s, items, labels in synthesised_ahead(make, todo, deadline):
+        t0 = time.perf_counter()
+        fresh = labels is None
+        hidden, mask, prompts, labels, ids, lps = featurise(teacher, items, max_new, labels)
+        seconds = time.perf_counter() - t0
+        if fresh and corpus is not None:
+            add_labelled(corpus, s, items, labels, made(teacher, seconds, corpus))
+        write_shard(opts.out, s, hidden, mask, items, prompts, labels, ids, lps)
+        log(f"shard {s}: {len(items)} items, {sum(map(len, labels))} label tokens, "
+            f"{seconds:.1f} s {'labelling' if fresh else 'encoding (labels from the corpus)'}")
     return sum(shard_done(opts.out, s) for s in shards)
+
+
+def grow_corpus(teacher: Teacher, make, shards: list[int], max_new: int, deadline: float | None, log,
+                corpus: Corpus) -> int:
+    """Label the ``shards`` the corpus does not hold and add them to it; no training features (``--label-only``:
+    a run that only grows the corpus skips the teacher's top-k pass and the encoder output on disk).
+    Returns the shards of ``shards`` the corpus holds."""
+    todo = [s for s in shards if not corpus.has(s)]
+    for s, items, _ in synthesised_ahead(make, todo, deadline):
+        t0 = time.perf_counter()
+        labels = [y for g in range(0, len(items), GROUP) for y in teacher.labels(items[g : g + GROUP], max_new)]
+        seconds = time.perf_counter() - t0
+        add_labelled(corpus, s, items, labels, made(teacher, seconds, corpus))
+        log(f"shard {s}: {len(items)} items, {sum(map(len, labels))} label tokens, {seconds:.1f} s labelling")
+    return sum(corpus.has(s) for s in shards)
+
+
+def add_labelled(corpus: Corpus, shard: int, items: list[dict], labels: list[list[int]], made: dict) -> None:
+    corpus.add(shard, [LabelledClip(it["recipe"], tuple(y)) for it, y in zip(items, labels)],
+               [audio_sha256(it["audio"]) for it in items[:2]], made)
 
 
 def made(teacher: Teacher, seconds: float, corpus: Corpus) -> dict:

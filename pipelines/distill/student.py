@@ -184,13 +184,16 @@ def _save_checkpoint(path: Path, state: dict) -> None:
     os.replace(tmp, path)
 
 
-def train(opts: DistillOptions, teacher: Teacher, shards_ids: list[int], deadline: float | None, log) -> dict:
-    """Train (or go on training) the student; returns the training state summary."""
+def train(opts: DistillOptions, teacher: Teacher, shards_ids: list[int], deadline: float | None, log,
+          folder: Path | None = None) -> dict:
+    """Train (or go on training) the student on the features of ``shards_ids`` for ``opts.steps`` optimizer
+    steps (default: ``opts.epochs`` over them), checkpoints in ``folder`` (default: the run's ``train``);
+    returns the training state summary."""
     import torch
 
     from tqdm import tqdm
 
-    out = opts.out / "train"
+    out = folder or opts.out / "train"
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / "checkpoint.pt"
     student = make_student(teacher.model, opts.layers).float().to(teacher.device)
@@ -206,7 +209,7 @@ def train(opts: DistillOptions, teacher: Teacher, shards_ids: list[int], deadlin
     shards = {s: read_shard(opts.out, s) for s in shards_ids}
     heldout = read_shard(opts.out, HELDOUT_SHARD)
     order = [(s, i) for s in shards_ids for i in range(len(shards[s].items))]
-    steps_total = int(opts.epochs * len(order) / opts.batch_size)
+    steps_total = opts.steps or int(opts.epochs * len(order) / opts.batch_size)
     always = list(range(teacher.tokenizer.convert_tokens_to_ids(teacher.tokenizer.eos_token) or 0,
                         teacher.model.config.vocab_size)) if teacher.is_whisper else list(teacher.tokenizer.all_special_ids)
     vocab = draft_vocabulary(opts.out, shards_ids, opts.draft_vocab, teacher.model.config.vocab_size, always)
@@ -261,6 +264,17 @@ def train(opts: DistillOptions, teacher: Teacher, shards_ids: list[int], deadlin
     state["vocab_size"] = len(vocab)
     state["finished"] = state["step"] >= steps_total
     return state
+
+
+def load_best(teacher: Teacher, layers: int, folder: Path):
+    """The student of a training folder's best checkpoint (float32, on the teacher's device) and its draft
+    vocabulary."""
+    import torch
+
+    best = torch.load(folder / "best.pt", weights_only=False, map_location=teacher.device)
+    student = make_student(teacher.model, layers).float().to(teacher.device)
+    student.load_state_dict(best["student"], strict=False)
+    return student.eval(), best["vocab"]
 
 
 def _trainable_state(student) -> dict:

@@ -81,6 +81,10 @@ class Teacher:
                 labels[i] = list(toks)
         return labels
 
+    def labels(self, items: list[dict], max_new: int) -> list[list[int]]:
+        """The main model's greedy tokens for a group of items."""
+        return self.greedy(items, self.encode(items), max_new)
+
     def features(self, items: list[dict], max_new: int, labels: list[list[int]] | None = None):
         """Encoder output (float16, host), its mask, prompts and labels of a group of items; the labels are
         decoded here unless given (a committed corpus already holds them)."""

@@ -1,0 +1,140 @@
+"""The learning curve by corpus size: for each size N, a student trained from the same initialisation on the
+first N training clips of the corpus for the same number of optimizer steps (so that only the number of
+distinct clips changes), measured on the synthetic held-out shard and on a real-speech set (speech-real: the
+main model's own greedy tokens on it, in the labelling dtype), with the device and the time labelling and
+training took. The largest size's student is exported with the curve on its card."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .options import HELDOUT_SHARD, DistillError, DistillOptions, HeldOut
+from .shards import GROUP, Shard, read_shard
+from .student import evaluate_heldout, load_best, train
+from .teacher import Teacher
+
+REAL_SET = "speech-real"
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    clips: int  # distinct training clips (the first N of the corpus)
+    steps: int  # optimizer steps, batch ``batch_size``
+    clips_seen: int
+    heldout: HeldOut  # synthetic held-out shard (its own sentences)
+    real: HeldOut  # speech-real, teacher forcing on the main model's greedy tokens
+    label_seconds: float  # the labelling time of these clips (the corpus manifest's, all devices)
+    label_devices: tuple[str, ...]  # where they were labelled ("cpu: Intel(R) Xeon(R) Processor", "cuda: ...")
+    train_seconds: float
+    device: str  # where the student was trained
+
+
+def real_shard(teacher: Teacher, set_name: str = REAL_SET, max_new: int = 440) -> Shard:
+    """A built speech set as an evaluation shard: encoder output and the teacher's greedy tokens for each clip
+    of at most 30 s (DataBuildError when the set is not built)."""
+    from ..audio import SAMPLE_RATE, load_audio
+    from ..evalsets import read_manifest
+
+    audio = [load_audio(it["audio_path"]) for it in read_manifest(set_name)]
+    items = [{"kind": "clip", "audio": a} for a in audio if len(a) <= 30 * SAMPLE_RATE]
+    if not items:
+        raise DistillError(f"{set_name}: no clip of at most 30 s")
+    hidden, meta = [], []
+    for g in range(0, len(items), GROUP):
+        h, _, prompts, labels = teacher.features(items[g : g + GROUP], max_new)
+        hidden.append(h)
+        meta += [{"prompt": p, "labels": y} for p, y in zip(prompts, labels)]
+    offsets = np.cumsum([0] + [len(m["labels"]) for m in meta]).tolist()
+    empty = np.zeros((offsets[-1], 0))  # no top-k targets: evaluation only
+    return Shard(np.concatenate(hidden), None, meta, empty.astype(np.int32), empty.astype(np.float16), offsets[:-1])
+
+
+def labelling_cost(corpus_folder: Path, shards: list[int]) -> tuple[float, tuple[str, ...]]:
+    """Seconds the corpus manifest records for labelling ``shards``, and where they were labelled."""
+    entries = json.loads((corpus_folder / "manifest.json").read_text())["shards"]
+    made = [entries[str(s)].get("made", {}) for s in shards if str(s) in entries]
+    return (round(sum(m.get("seconds", 0.0) for m in made), 1),
+            tuple(sorted({f"{m.get('device', '?')}: {m.get('cpu', '?')}" for m in made})))
+
+
+def shards_for(clips: int, shard_size: int) -> list[int]:
+    """The training shards that hold the first ``clips`` clips."""
+    return list(range(1, -(-clips // shard_size) + 1))
+
+
+def measure_size(opts: DistillOptions, teacher: Teacher, clips: int, real: Shard, corpus_folder: Path | None,
+                 deadline: float | None, log) -> CurvePoint | None:
+    """Train and measure one size (resumable: its folder ``curve/N`` keeps checkpoints and the point);
+    None when the deadline came first."""
+    folder = opts.out / "curve" / str(clips)
+    done = folder / "point.json"
+    if done.is_file():
+        return point_from_json(json.loads(done.read_text()))
+    shards = shards_for(clips, opts.shard_size)
+    state = train(opts, teacher, shards, deadline, log, folder)
+    if not state["finished"]:
+        return None
+    student, vocab = load_best(teacher, opts.layers, folder)
+    heldout = evaluate_heldout(student, read_shard(opts.out, HELDOUT_SHARD), vocab)
+    on_real = evaluate_heldout(student, real, vocab)
+    seconds, devices = labelling_cost(corpus_folder, shards) if corpus_folder else (0.0, ())
+    point = CurvePoint(sum(len(read_shard(opts.out, s).items) for s in shards), state["step"], state["seen"], heldout,
+                       on_real, seconds, devices, round(state["seconds"], 1), f"{teacher.device}: {_where(teacher)}")
+    tmp = done.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(asdict(point), indent=1))
+    os.replace(tmp, done)
+    log(f"curve {clips} clips: held-out {heldout.agreement:.1%} / {heldout.tokens_per_call:.2f} tokens per call, "
+        f"{REAL_SET} {on_real.agreement:.1%} / {on_real.tokens_per_call:.2f}, {point.train_seconds} s training")
+    return point
+
+
+def point_from_json(d: dict) -> CurvePoint:
+    return CurvePoint(**{**d, "heldout": HeldOut(**d["heldout"]), "real": HeldOut(**d["real"]),
+                         "label_devices": tuple(d["label_devices"])})
+
+
+def learning_curve(opts: DistillOptions, label_teacher: Teacher, train_teacher: Teacher, corpus_folder: Path | None,
+                   deadline: float | None, log) -> list[CurvePoint] | None:
+    """Every size of ``opts.curve`` (ascending), then the largest size's student exported; None when the
+    deadline came first (``--resume`` goes on)."""
+    real = real_shard(label_teacher)
+    points = []
+    for clips in sorted(opts.curve):
+        point = measure_size(opts, train_teacher, clips, real, corpus_folder, deadline, log)
+        if point is None:
+            return None
+        points.append(point)
+    (opts.out / "curve.json").write_text(json.dumps([asdict(p) for p in points], indent=1))
+    (opts.out / "curve.md").write_text("\n".join(curve_table([asdict(p) for p in points])) + "\n")
+    return points
+
+
+def curve_table(points: list[dict]) -> list[str]:
+    """Markdown rows of the learning curve by corpus size."""
+    lines = [f"Each student: the same initialisation and optimizer steps, trained on the first N clips; held-out: "
+             f"the corpus's shard 0 (synthetic, its own sentences); {REAL_SET}: its clips with the main model's "
+             "greedy tokens; teacher forcing, tokens per main call simulated at lookahead 5.", "",
+             "| clips | steps (clips seen) | held-out agreement | held-out tokens/call | "
+             f"{REAL_SET} agreement | {REAL_SET} tokens/call | labelling s (where) | training s (where) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for p in points:
+        lines.append(f"| {p['clips']:,} | {p['steps']} ({p['clips_seen']:,}) | {p['heldout']['agreement']:.1%} | "
+                     f"{p['heldout']['tokens_per_call']:.2f} | {p['real']['agreement']:.1%} | "
+                     f"{p['real']['tokens_per_call']:.2f} | {p['label_seconds']:,.0f} ({'; '.join(p['label_devices'])}) | "
+                     f"{p['train_seconds']:,.0f} ({p['device']}) |")
+    return lines
+
+
+def _where(teacher: Teacher) -> str:
+    from ..devices import cpu_info
+
+    if teacher.device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(teacher.device)
+    return cpu_info()[1]
