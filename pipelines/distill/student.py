@@ -2,6 +2,8 @@
 last, others spread between), token/position embeddings and head tied to the main model's and frozen, the
 encoder the main model's own (frozen: its output is shared exactly). Loss per label position t:
     CE(teacher token_t) + w * sum_{i in top-8} p_T(i) * (log p_T(i) - log p_S(i))
+where a Whisper student's p_S is a softmax over its draft vocabulary only (the tokens it may draft: the head's
+rows for those tokens, about a fifth of the vocabulary, so a training step costs about half as much).
 Checkpoints are atomic; a run stops at its budget and ``--resume`` goes on from the last one."""
 
 from __future__ import annotations
@@ -123,22 +125,46 @@ def _batch(shards: dict[int, Shard], picks: list[tuple[int, int]], device: str =
     return torch.from_numpy(np.stack(hid)).to(device), mask, prompts, labels, tk_ids, tk_lp
 
 
-def distill_loss(student, batch, kl_weight: float):
-    """Mean over label positions of CE(teacher token) + kl_weight * KL(teacher top-k || student)."""
+def draft_rows(student, vocab: list[int] | None):
+    """The draft vocabulary as a LongTensor on the student's device, when its logits can be taken over it
+    alone (Whisper students); None: the full vocabulary (text models, or ``vocab`` None)."""
+    import torch
+
+    if vocab is None or student.config.model_type != "whisper" or len(vocab) >= student.config.vocab_size:
+        return None
+    return torch.tensor(vocab, device=next(student.parameters()).device)
+
+
+def distill_loss(student, batch, kl_weight: float, rows=None):
+    """Mean over label positions of CE(teacher token) + kl_weight * KL(teacher top-k || student).
+    With ``rows`` (the draft vocabulary) the student's softmax runs over those tokens only, as it drafts:
+    positions whose teacher token lies outside are left out of the CE, top-k tokens outside out of the KL."""
     import torch
 
     hidden, mask, prompts, labels, tk_ids, tk_lp = batch
     device = hidden.device
     with torch.autocast(device.type, dtype=torch.bfloat16):
-        logits = forced_logits(student, hidden, mask, prompts, labels, grad=True)
+        logits = forced_logits(student, hidden, mask, prompts, labels, grad=True, rows=rows)
+    # column of each token id in the logits (-1: not drafted)
+    column = None
+    if rows is not None:
+        column = torch.full((student.config.vocab_size,), -1, dtype=torch.long, device=device)
+        column[rows] = torch.arange(len(rows), device=device)
     total, count = 0.0, 0
     for b, (p, y) in enumerate(zip(prompts, labels)):
         lp = torch.log_softmax(logits[b, len(p) - 1 : len(p) - 1 + len(y)].float(), dim=-1)
-        ce = -lp.gather(1, torch.tensor(y, device=device)[:, None]).sum()
+        target = torch.tensor(y, device=device)
+        t_ids = torch.from_numpy(tk_ids[b]).long().to(device)
         t_lp = torch.from_numpy(tk_lp[b].astype(np.float32)).to(device)
-        kl = (t_lp.exp() * (t_lp - lp.gather(1, torch.from_numpy(tk_ids[b]).long().to(device)))).sum()
+        if column is not None:
+            target, t_ids = column[target], column[t_ids]
+            inside = target >= 0
+            lp, target, t_lp, t_ids = lp[inside], target[inside], t_lp[inside], t_ids[inside]
+        p_t = t_lp.exp() * (t_ids >= 0)  # a top-k token outside the draft vocabulary weighs 0
+        ce = -lp.gather(1, target[:, None]).sum()
+        kl = (p_t * (t_lp - lp.gather(1, t_ids.clamp(min=0)))).sum()
         total = total + ce + kl_weight * kl
-        count += len(y)
+        count += len(target)
     return total / max(count, 1)
 
 
@@ -151,14 +177,18 @@ def evaluate_heldout(student, shard: Shard, vocab: list[int] | None, lookahead: 
     device = next(student.parameters()).device
     agree = total = calls = emitted = covered = 0
     keep = None if vocab is None else torch.tensor(vocab, device=device)
+    rows = draft_rows(student, vocab)
     for g in range(0, len(shard.items), 16):
         picks = [(0, i) for i in range(g, min(g + 16, len(shard.items)))]
         hidden, mask, prompts, labels, _, _ = _batch({0: shard}, picks, device)
         with torch.autocast(device.type, dtype=torch.bfloat16):
-            logits = forced_logits(student, hidden, mask, prompts, labels)
+            logits = forced_logits(student, hidden, mask, prompts, labels, rows=rows)
         for b, (p, y) in enumerate(zip(prompts, labels)):
             lg = logits[b, len(p) - 1 : len(p) - 1 + len(y)].float()
-            pred = lg.argmax(-1) if keep is None else keep[lg[:, keep].argmax(-1)]
+            if keep is None:
+                pred = lg.argmax(-1)
+            else:
+                pred = keep[(lg if rows is not None else lg[:, keep]).argmax(-1)]
             target = torch.tensor(y, device=device)
             hits = (pred == target).tolist()
             agree += sum(hits)
@@ -213,6 +243,7 @@ def train(opts: DistillOptions, teacher: Teacher, shards_ids: list[int], deadlin
     always = list(range(teacher.tokenizer.convert_tokens_to_ids(teacher.tokenizer.eos_token) or 0,
                         teacher.model.config.vocab_size)) if teacher.is_whisper else list(teacher.tokenizer.all_special_ids)
     vocab = draft_vocabulary(opts.out, shards_ids, opts.draft_vocab, teacher.model.config.vocab_size, always)
+    rows = draft_rows(student, vocab)  # the student's softmax over the tokens it may draft
     # warm-up then cosine decay, by step
     def lr_at(step: int) -> float:
         warm = max(1, min(100, steps_total // 20))
@@ -233,7 +264,7 @@ def train(opts: DistillOptions, teacher: Teacher, shards_ids: list[int], deadlin
         picks = perm[pos : pos + opts.batch_size]
         for g in optim.param_groups:
             g["lr"] = lr_at(state["step"])
-        loss = distill_loss(student, _batch(shards, picks, teacher.device), opts.kl_weight)
+        loss = distill_loss(student, _batch(shards, picks, teacher.device), opts.kl_weight, rows)
         optim.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -109,9 +109,12 @@ class Teacher:
         return np.concatenate(ids), np.concatenate(lps)
 
 
-def forced_logits(model, hidden, enc_mask, prompts: list[list[int]], labels: list[list[int]], grad: bool = False):
+def forced_logits(model, hidden, enc_mask, prompts: list[list[int]], labels: list[list[int]], grad: bool = False,
+                  rows=None):
     """Logits (B, L, V) of a Whisper/encoder-decoder/decoder-only-over-encoder model fed prompt + labels
-    (right-padded: causal attention keeps the padding from touching earlier positions), on the model's device."""
+    (right-padded: causal attention keeps the padding from touching earlier positions), on the model's device.
+    ``rows`` (a Whisper student's draft vocabulary, a LongTensor of token ids): only those columns, (B, L, len(rows)),
+    from the head's rows: logits[..., j] = h . W[rows[j]]."""
     import torch
 
     seqs = [list(p) + list(y) for p, y in zip(prompts, labels)]
@@ -120,6 +123,9 @@ def forced_logits(model, hidden, enc_mask, prompts: list[list[int]], labels: lis
     ctx = torch.enable_grad() if grad else torch.inference_mode()
     with ctx:
         if model.config.model_type == "whisper" and not model.config.is_encoder_decoder:
+            if rows is not None:
+                h = model.model.decoder(input_ids=ids, encoder_hidden_states=hidden, use_cache=False).last_hidden_state
+                return h @ model.proj_out.weight[rows].T
             return model(input_ids=ids, encoder_outputs=(hidden,), use_cache=False).logits
         from transformers.modeling_outputs import BaseModelOutput
 
