@@ -150,8 +150,22 @@ def test_the_learning_curve_trains_each_size_and_shows_it_on_the_card(sentences,
     assert [p["clips"] for p in sizes] == [4, 8] and all(p["steps"] == 2 and p["clips_seen"] == 4 for p in sizes)
     assert all(0.0 <= p[k]["agreement"] <= 1.0 and p[k]["tokens_per_call"] >= 1.0 for p in sizes for k in ("heldout", "real"))
     assert sizes[0]["label_seconds"] < sizes[1]["label_seconds"] and sizes[1]["label_devices"][0].startswith("cpu: ")
+    assert all(p["layers"] == [0, 5] and p["start"]["tokens_per_call"] >= 1.0 and 0 < p["draft_cost"] < 1 for p in sizes)
     assert "## Learning curve by corpus size" in (folder / "CARD.md").read_text()
     # a second start goes on from what the folder holds: each size's point is kept, nothing trains again
     lines = []
     distill(DistillOptions(**{**opts.__dict__, "resume": True}), log=lines.append)
     assert not any(ln.startswith("curve ") for ln in lines) and any("assistant written" in ln for ln in lines)
+
+
+def test_draft_cost_counts_a_drafted_tokens_multiply_adds_against_a_main_step():
+    from transformers import WhisperConfig
+
+    from pipelines.distill.curve import draft_cost
+    from pipelines.distill.student import init_layers
+
+    base = WhisperConfig(d_model=512, decoder_ffn_dim=2048, decoder_layers=6, vocab_size=51865)
+    # per layer 6 d^2 + 2 d f + 2 T d = 5,206,016; main: 6 layers + 51,865 x 512 = 57,790,976
+    assert draft_cost(base, 2, 10671) == round((2 * 5_206_016 + 10671 * 512) / 57_790_976, 3) == 0.275
+    assert draft_cost(base, 6, 51865) == 1.0
+    assert init_layers(6, 2) == [0, 5] and init_layers(6, 2, "first") == [0, 1] and init_layers(6, 3) == [0, 2, 5]

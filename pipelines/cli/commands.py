@@ -251,7 +251,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
     from ..distill import DistillOptions, corpus_labelled, distill
 
     data = tuple(args.data) if args.data else ("debian-speech",)
-    opts = DistillOptions(main=args.main, out=Path(args.out), layers=args.layers, data=data, clips=args.clips,
+    opts = DistillOptions(main=args.main, out=Path(args.out), layers=args.layers, init=args.init, data=data, clips=args.clips,
                           heldout=args.heldout, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                           draft_vocab=args.draft_vocab, budget_minutes=args.budget_minutes, resume=args.resume,
                           device=args.device, corpus=Path(args.corpus) if args.corpus else None,

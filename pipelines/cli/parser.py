@@ -195,7 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command(sub, "distill", help="make a small assistant for a main model: corpus, labels from the main model, training, export")
     p.add_argument("--main", required=True, metavar="PAIR_OR_MODEL", help="a pair (its main model), an embedded name, a folder or a hub id")
-    p.add_argument("--layers", type=int, default=2, help="decoder layers of the assistant (initialised from the main's first, last, and between)")
+    p.add_argument("--layers", type=int, default=2, help="decoder layers of the assistant (default: %(default)s)")
+    p.add_argument("--init", choices=("spread", "first"), default="spread", help="the main decoder's layers the assistant "
+                   "starts from: spread (first, last and between; the default) or first (the main model's early exit)")
     p.add_argument("--data", nargs="+", metavar="SET", help="corpus: debian-speech (Whisper; the default) or text files of one input a line (text models)")
     p.add_argument("--out", required=True, metavar="DIR", help="working folder: shards, checkpoints, and the exported assistant in DIR/assistant")
     p.add_argument("--clips", type=int, default=4000, help="training items (default 4000); items the corpus does not hold yet are labelled and added to it")

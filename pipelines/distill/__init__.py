@@ -149,7 +149,8 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
     if opts.threads:
         torch.set_num_threads(opts.threads)
     plan_path = opts.out / "plan.json"
-    plan = {"main": opts.main, "layers": opts.layers, "data": list(opts.data), "seed": opts.seed,
+    plan = {"main": opts.main, "layers": opts.layers, **({"init": opts.init} if opts.init != "spread" else {}),
+            "data": list(opts.data), "seed": opts.seed,
             "shard_size": opts.shard_size, "heldout": opts.heldout, **({"corpus": str(opts.corpus)} if opts.corpus else {})}
     if plan_path.is_file():
         if not opts.resume:
@@ -161,7 +162,7 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
     deadline = time.time() + opts.budget_minutes * 60 if opts.budget_minutes else None
     if opts.curve:  # every size trains as long as the largest would at ``epochs``
         opts = replace(opts, clips=max(opts.curve),
-                       steps=opts.steps or int(opts.epochs * max(opts.curve) / opts.batch_size))
+                       steps=opts.steps if opts.steps is not None else int(opts.epochs * max(opts.curve) / opts.batch_size))
     ref = resolve_main(opts.main)
     # Whisper is labelled in bfloat16 (4x faster encoder on these CPUs; float16 on a GPU without bfloat16);
     # text models and all training in float32

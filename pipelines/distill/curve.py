@@ -32,6 +32,22 @@ class CurvePoint:
     label_devices: tuple[str, ...]  # where they were labelled ("cpu: Intel(R) Xeon(R) Processor", "cuda: ...")
     train_seconds: float
     device: str  # where the student was trained
+    layers: tuple[int, ...] = ()  # the main decoder's layers it started from
+    draft_vocab: int = 0  # tokens its head drafts
+    draft_cost: float = 0.0  # multiply-adds of a drafted token / those of a main step (``draft_cost``)
+    start: HeldOut | None = None  # held-out before training (for ``init=first``: the main model's early exit)
+
+
+def draft_cost(config, layers: int, rows: int, frames: int = 1500) -> float:
+    """Multiply-adds of one drafted token relative to one main-model step (batch 1, a short cache). Per decoder
+    layer: 4 d^2 (self-attention projections) + 2 d^2 (cross-attention query and output) + 2 d f (MLP, f its
+    width) + 2 T d (cross-attention over T encoder frames); the head: rows x d (the main's: the vocabulary)."""
+    d, f = config.d_model, config.decoder_ffn_dim
+
+    def macs(n_layers: int, head_rows: int) -> int:
+        return n_layers * (6 * d * d + 2 * d * f + 2 * frames * d) + head_rows * d
+
+    return round(macs(layers, rows) / macs(config.decoder_layers, config.vocab_size), 3)
 
 
 def real_shard(teacher: Teacher, set_name: str = REAL_SET, max_new: int = 440) -> Shard:
@@ -79,12 +95,16 @@ def measure_size(opts: DistillOptions, teacher: Teacher, clips: int, real: Shard
     state = train(opts, teacher, shards, deadline, log, folder)
     if not state["finished"]:
         return None
-    student, vocab = load_best(teacher, opts.layers, folder)
+    student, vocab = load_best(teacher, opts, folder)
     heldout = evaluate_heldout(student, read_shard(opts.out, HELDOUT_SHARD), vocab)
     on_real = evaluate_heldout(student, real, vocab)
     seconds, devices = labelling_cost(corpus_folder, shards) if corpus_folder else (0.0, ())
+    start = state["curve"][0] if state["curve"] and state["curve"][0]["step"] == 0 else None
     point = CurvePoint(sum(len(read_shard(opts.out, s).items) for s in shards), state["step"], state["seen"], heldout,
-                       on_real, seconds, devices, round(state["seconds"], 1), f"{teacher.device}: {_where(teacher)}")
+                       on_real, seconds, devices, round(state["seconds"], 1), f"{teacher.device}: {_where(teacher)}",
+                       tuple(student.config.distill_init_layers), len(vocab),
+                       draft_cost(teacher.model.config, opts.layers, len(vocab)),
+                       None if start is None else HeldOut(start["agreement"], start["tokens_per_call"], start["coverage"]))
     tmp = done.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(asdict(point), indent=1))
     os.replace(tmp, done)
@@ -95,7 +115,8 @@ def measure_size(opts: DistillOptions, teacher: Teacher, clips: int, real: Shard
 
 def point_from_json(d: dict) -> CurvePoint:
     return CurvePoint(**{**d, "heldout": HeldOut(**d["heldout"]), "real": HeldOut(**d["real"]),
-                         "label_devices": tuple(d["label_devices"])})
+                         "label_devices": tuple(d["label_devices"]), "layers": tuple(d.get("layers", ())),
+                         "start": HeldOut(**d["start"]) if d.get("start") else None})
 
 
 def learning_curve(opts: DistillOptions, label_teacher: Teacher, train_teacher: Teacher, corpus_folder: Path | None,
@@ -115,16 +136,20 @@ def learning_curve(opts: DistillOptions, label_teacher: Teacher, train_teacher: 
 
 
 def curve_table(points: list[dict]) -> list[str]:
-    """Markdown rows of the learning curve by corpus size."""
-    lines = [f"Each student: the same initialisation and optimizer steps, trained on the first N clips; held-out: "
-             f"the corpus's shard 0 (synthetic, its own sentences); {REAL_SET}: its clips with the main model's "
-             "greedy tokens; teacher forcing, tokens per main call simulated at lookahead 5.", "",
-             "| clips | steps (clips seen) | held-out agreement | held-out tokens/call | "
-             f"{REAL_SET} agreement | {REAL_SET} tokens/call | labelling s (where) | training s (where) |",
-             "|---|---|---|---|---|---|---|---|"]
+    """Markdown rows of the learning curve by corpus size (and drafter design: the layers it started from,
+    its draft vocabulary, its cost per drafted token relative to a main step)."""
+    lines = [f"Each student: the same optimizer steps, trained on the first N clips; held-out: the corpus's shard 0 "
+             f"(synthetic, its own sentences); {REAL_SET}: its clips with the main model's greedy tokens; teacher "
+             "forcing, tokens per main call simulated at lookahead 5 (before training in brackets); draft cost: "
+             "multiply-adds of a drafted token / a main step's.", "",
+             "| clips | from layers | draft vocab | draft cost | steps (clips seen) | held-out agreement | "
+             f"held-out tokens/call | {REAL_SET} agreement | {REAL_SET} tokens/call | labelling s (where) | "
+             "training s (where) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in points:
-        lines.append(f"| {p['clips']:,} | {p['steps']} ({p['clips_seen']:,}) | {p['heldout']['agreement']:.1%} | "
-                     f"{p['heldout']['tokens_per_call']:.2f} | {p['real']['agreement']:.1%} | "
+        start = f" ({p['start']['tokens_per_call']:.2f})" if p.get("start") else ""
+        lines.append(f"| {p['clips']:,} | {list(p.get('layers', ()))} | {p.get('draft_vocab', 0):,} | "
+                     f"{p.get('draft_cost', 0):.2f} | {p['steps']} ({p['clips_seen']:,}) | {p['heldout']['agreement']:.1%} | "
+                     f"{p['heldout']['tokens_per_call']:.2f}{start} | {p['real']['agreement']:.1%} | "
                      f"{p['real']['tokens_per_call']:.2f} | {p['label_seconds']:,.0f} ({'; '.join(p['label_devices'])}) | "
                      f"{p['train_seconds']:,.0f} ({p['device']}) |")
     return lines

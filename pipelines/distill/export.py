@@ -24,7 +24,7 @@ def export(opts: DistillOptions, teacher: Teacher, state: dict, log, folder: Pat
     ``out/assistant``; ``sizes``: the learning curve by corpus size (``curve``), shown on the card."""
     import torch
 
-    student, vocab = load_best(teacher, opts.layers, folder or opts.out / "train")
+    student, vocab = load_best(teacher, opts, folder or opts.out / "train")
     final = opts.out / "assistant"
     tmp = final.with_name(f"assistant.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

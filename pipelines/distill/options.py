@@ -18,6 +18,7 @@ class DistillOptions:
     main: str  # a pair name (its main model), an embedded name, a local folder or a hub id
     out: Path
     layers: int = 2
+    init: str = "spread"  # the main's layers the student starts from: spread (first, last, between) or first (early exit)
     data: tuple[str, ...] = ("debian-speech",)  # ASR: debian-speech; text models: text files, one input a line
     clips: int = 4000  # training items to build and label (held-out shard not counted)
     heldout: int = 96

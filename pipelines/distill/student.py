@@ -34,14 +34,20 @@ def spread_layers(total: int, n: int) -> list[int]:
     return sorted({round(i * (total - 1) / (n - 1)) for i in range(n)})
 
 
-def make_student(main, n_layers: int):
-    """A shallow copy of the main model's decoder: layers spread over the main's, embeddings and head shared
-    (frozen); for Whisper a ``WhisperForCausalLM`` that reads the main encoder's output."""
+def init_layers(total: int, n: int, init: str = "spread") -> list[int]:
+    """The main decoder's layers a student starts from: ``spread`` (first, last, evenly between) or ``first``
+    (the first n: the main model's own early exit, its head on its n-th layer)."""
+    return list(range(min(n, total))) if init == "first" else spread_layers(total, n)
+
+
+def make_student(main, n_layers: int, init: str = "spread"):
+    """A shallow copy of the main model's decoder: ``n_layers`` of the main's (``init_layers``), embeddings and
+    head shared (frozen); for Whisper a ``WhisperForCausalLM`` that reads the main encoder's output."""
     import copy
 
     import torch
 
-    keep = spread_layers(_decoder_layers(main), n_layers)
+    keep = init_layers(_decoder_layers(main), n_layers, init)
     if main.config.model_type == "whisper":
         from transformers import WhisperForCausalLM
 
@@ -226,7 +232,7 @@ def train(opts: DistillOptions, teacher: Teacher, shards_ids: list[int], deadlin
     out = folder or opts.out / "train"
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / "checkpoint.pt"
-    student = make_student(teacher.model, opts.layers).float().to(teacher.device)
+    student = make_student(teacher.model, opts.layers, opts.init).float().to(teacher.device)
     params = [p for p in student.parameters() if p.requires_grad]
     optim = torch.optim.AdamW(params, lr=opts.lr, weight_decay=0.01)
     state = {"step": 0, "seen": 0, "best": None, "curve": [], "seconds": 0.0}
@@ -239,7 +245,7 @@ def train(opts: DistillOptions, teacher: Teacher, shards_ids: list[int], deadlin
     shards = {s: read_shard(opts.out, s) for s in shards_ids}
     heldout = read_shard(opts.out, HELDOUT_SHARD)
     order = [(s, i) for s in shards_ids for i in range(len(shards[s].items))]
-    steps_total = opts.steps or int(opts.epochs * len(order) / opts.batch_size)
+    steps_total = opts.steps if opts.steps is not None else int(opts.epochs * len(order) / opts.batch_size)
     always = list(range(teacher.tokenizer.convert_tokens_to_ids(teacher.tokenizer.eos_token) or 0,
                         teacher.model.config.vocab_size)) if teacher.is_whisper else list(teacher.tokenizer.all_special_ids)
     vocab = draft_vocabulary(opts.out, shards_ids, opts.draft_vocab, teacher.model.config.vocab_size, always)
@@ -253,6 +259,27 @@ def train(opts: DistillOptions, teacher: Teacher, shards_ids: list[int], deadlin
 
     bar = tqdm(total=steps_total, initial=state["step"], desc="distil", unit="step")
     t_run = time.perf_counter()
+
+    def measure() -> None:  # the held-out point of this step; the best checkpoint by tokens per call
+        nonlocal t_run
+        student.eval()
+        h = evaluate_heldout(student, heldout, vocab)
+        student.train()
+        state["seconds"] += time.perf_counter() - t_run
+        t_run = time.perf_counter()
+        point = {"step": state["step"], "clips_seen": state["seen"], "distinct_clips": min(state["seen"], len(order)),
+                 "loss": None if loss is None else round(float(loss), 4), **{k: round(v, 4) for k, v in asdict(h).items()},
+                 "cpu_seconds": round(state["seconds"], 1)}
+        state["curve"].append(point)
+        bar.set_postfix(agree=f"{h.agreement:.1%}", tpc=f"{h.tokens_per_call:.2f}")
+        log(json.dumps(point))
+        if state["best"] is None or h.tokens_per_call > state["best"]["tokens_per_call"]:
+            state["best"] = point
+            _save_checkpoint(out / "best.pt", {"student": _trainable_state(student), "vocab": vocab})
+
+    loss = None
+    if state["step"] == 0 and not state["curve"]:
+        measure()  # where training starts from (for an early exit, the main model's own first layers)
     student.train()
     while state["step"] < steps_total:
         if deadline is not None and time.time() > deadline:
@@ -275,21 +302,7 @@ def train(opts: DistillOptions, teacher: Teacher, shards_ids: list[int], deadlin
         loss = loss.detach()
         bar.set_postfix(loss=f"{float(loss):.3f}")
         if state["step"] % opts.eval_every == 0 or state["step"] == steps_total:
-            student.eval()
-            h = evaluate_heldout(student, heldout, vocab)
-            student.train()
-            state["seconds"] += time.perf_counter() - t_run
-            t_run = time.perf_counter()
-            point = {"step": state["step"], "clips_seen": state["seen"], "distinct_clips": min(state["seen"], len(order)),
-                     "loss": round(float(loss), 4), **{k: round(v, 4) for k, v in asdict(h).items()},
-                     "cpu_seconds": round(state["seconds"], 1)}
-            state["curve"].append(point)
-            bar.set_postfix(loss=f"{float(loss):.3f}", agree=f"{h.agreement:.1%}", tpc=f"{h.tokens_per_call:.2f}")
-            log(json.dumps(point))
-            better = state["best"] is None or h.tokens_per_call > state["best"]["tokens_per_call"]
-            if better:
-                state["best"] = point
-                _save_checkpoint(out / "best.pt", {"student": _trainable_state(student), "vocab": vocab})
+            measure()
             _save_checkpoint(ckpt, {"student": _trainable_state(student), "optim": optim.state_dict(), "state": state})
     bar.close()
     state["vocab_size"] = len(vocab)
@@ -297,13 +310,13 @@ def train(opts: DistillOptions, teacher: Teacher, shards_ids: list[int], deadlin
     return state
 
 
-def load_best(teacher: Teacher, layers: int, folder: Path):
+def load_best(teacher: Teacher, opts: DistillOptions, folder: Path):
     """The student of a training folder's best checkpoint (float32, on the teacher's device) and its draft
     vocabulary."""
     import torch
 
     best = torch.load(folder / "best.pt", weights_only=False, map_location=teacher.device)
-    student = make_student(teacher.model, layers).float().to(teacher.device)
+    student = make_student(teacher.model, opts.layers, opts.init).float().to(teacher.device)
     student.load_state_dict(best["student"], strict=False)
     return student.eval(), best["vocab"]
 
