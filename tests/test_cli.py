@@ -133,3 +133,8 @@ def test_ui_stops_with_its_streamlit_child_on_sigterm(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)  # whatever of its session is left (the child, when the test fails)
         except ProcessLookupError:
             pass
+
+
+def test_bench_asr_also_needs_an_assisted_pair_over_the_same_main_model(capsys):
+    assert main(["bench", "asr", "--pair", "whisper-base+distilled", "--also", "whisper-tiny.en", "--limit", "1"]) == 2
+    assert "--also whisper-tiny.en: not an assisted pair over embedded:whisper-base" in capsys.readouterr().err

@@ -67,3 +67,23 @@ def test_a_damaged_shipped_assistant_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(embedded, "ASSISTANTS_DIR", tmp_path)
     with pytest.raises(embedded.EmbeddedModelError, match="sha256"):
         embedded._trained_meta(spec)
+
+
+def test_an_exported_whisper_assistant_folder_loads_as_a_local_assistant(tmp_path):
+    from pipelines import embedded
+    from pipelines.loading import ModelRef, ModelUnavailableError, is_available_offline, resolve
+
+    shipped = embedded.ASSISTANTS_DIR / "whisper-base-distilled"
+    if not (shipped / "assistant.json").is_file():
+        pytest.skip("no distilled assistant shipped yet")
+    ref = ModelRef("local", str(shipped))  # the folder tandem distill exports, named in models.yaml
+    assert is_available_offline(ref)
+    built, _ = resolve(ref)
+    config = json.loads((embedded.distilled_path(shipped) / "config.json").read_text())
+    assert built == str(embedded.distilled_path(shipped)) and config["decoder_layers"] == 2
+    assert config["draft_vocab"] == json.loads((shipped / "assistant.json").read_text())["draft_vocab"]
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "assistant.json").write_text(json.dumps({"base": "openai/whisper-large-v3", "sha256": "0" * 64}))
+    with pytest.raises(ModelUnavailableError, match="not an embedded Whisper"):
+        resolve(ModelRef("local", str(other)))

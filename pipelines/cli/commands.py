@@ -210,7 +210,8 @@ def cmd_bench_asr(args: argparse.Namespace) -> int:
     from ..bench_asr import bench_asr
 
     sets = tuple(x.strip() for x in args.sets.split(",") if x.strip())
-    bench_asr(args.pair, sets, args.limit, args.batch_size, args.json, chunk_batch=args.chunk_batch, device=args.device)
+    bench_asr(args.pair, sets, args.limit, args.batch_size, args.json, chunk_batch=args.chunk_batch, device=args.device,
+              also=tuple(args.also))
     return 0
 
 

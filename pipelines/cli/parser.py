@@ -161,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sets with files over 30 s: chunks per batch of the chunked long-form rows, Tandem's and "
                         "faster-whisper's batched pipeline (default: %(default)s)")
     b.add_argument("--json", default="reports/bench-asr.json", help="where to write the figures (default: %(default)s)")
+    b.add_argument("--also", nargs="+", default=(), metavar="PAIR", help="other pairs with the same main model (another "
+                   "assistant): their Tandem assisted rows beside the pair's, in the same run")
     b.set_defaults(func=cmd_bench_asr)
     b = command(bench_sub, "shapes", help="assisted decoding's speed-up against acceptance at a model's real shapes (random "
                 "weights, an oracle drafter of fixed acceptance), against transformers generate and Tandem plain")
