@@ -200,9 +200,10 @@ def run_curve(opts: DistillOptions, ref: ModelRef, label_teacher: Teacher, deadl
     if not label_teacher.is_whisper:
         raise DistillError("--curve measures on speech-real: Whisper main models only")
     train_teacher = label_teacher if label_teacher.dtype == "float32" else Teacher(ref, "float32", opts.device)
-    points = learning_curve(opts, label_teacher, train_teacher, opts.corpus or default_corpus(ref), deadline, log)
-    if points is None:
+    measured = learning_curve(opts, label_teacher, train_teacher, opts.corpus or default_corpus(ref), deadline, log)
+    if measured is None:
         return None
+    points, shipped = measured
     largest = opts.out / "curve" / str(max(opts.curve))
     state = torch.load(largest / "checkpoint.pt", weights_only=False, map_location="cpu")["state"]
-    return export(opts, train_teacher, state, log, largest, [asdict(p) for p in points])
+    return export(opts, train_teacher, state, log, largest, [asdict(p) for p in points], shipped)

@@ -119,10 +119,38 @@ def point_from_json(d: dict) -> CurvePoint:
                          "start": HeldOut(**d["start"]) if d.get("start") else None})
 
 
+def shipped_point(teacher: Teacher, heldout: Shard, real: Shard) -> dict | None:
+    """The assistant shipped for this main model (``pipelines/assistants/``), measured as the curve's students
+    are: a row to compare the curve with; None when none is shipped for it."""
+    from safetensors.torch import load_file
+
+    from ..embedded import ASSISTANTS_DIR, DERIVED
+    from .student import make_student
+
+    spec = next((d for d in DERIVED.values() if d.trained and f"embedded:{d.base}" == str(teacher.ref)), None)
+    if spec is None or not (ASSISTANTS_DIR / spec.trained / "assistant.json").is_file():
+        return None
+    folder = ASSISTANTS_DIR / spec.trained
+    meta = json.loads((folder / "assistant.json").read_text())
+    card = json.loads((folder / "card.json").read_text())
+    student = make_student(teacher.model, meta["layers"]).float().to(teacher.device)
+    tensors = {k: v.float() for k, v in load_file(folder / "layers.safetensors").items()}
+    dec = student.model.decoder
+    dec.layers.load_state_dict({k[len("layers."):]: v for k, v in tensors.items() if k.startswith("layers.")})
+    dec.layer_norm.load_state_dict({k[len("layer_norm."):]: v for k, v in tensors.items() if k.startswith("layer_norm.")})
+    student.eval()
+    vocab = meta["draft_vocab"]
+    training = card.get("training") or {}
+    return {"name": spec.name, "clips": card["options"]["clips"], "steps": training.get("step"),
+            "clips_seen": training.get("clips_seen"), "layers": meta.get("init_layers"), "draft_vocab": len(vocab),
+            "draft_cost": draft_cost(teacher.model.config, meta["layers"], len(vocab)),
+            "heldout": asdict(evaluate_heldout(student, heldout, vocab)), "real": asdict(evaluate_heldout(student, real, vocab))}
+
+
 def learning_curve(opts: DistillOptions, label_teacher: Teacher, train_teacher: Teacher, corpus_folder: Path | None,
-                   deadline: float | None, log) -> list[CurvePoint] | None:
-    """Every size of ``opts.curve`` (ascending), then the largest size's student exported; None when the
-    deadline came first (``--resume`` goes on)."""
+                   deadline: float | None, log) -> tuple[list[CurvePoint], dict | None] | None:
+    """Every size of ``opts.curve`` (ascending) and the shipped assistant measured alike (``shipped_point``);
+    None when the deadline came first (``--resume`` goes on)."""
     real = real_shard(label_teacher)
     points = []
     for clips in sorted(opts.curve):
@@ -130,12 +158,13 @@ def learning_curve(opts: DistillOptions, label_teacher: Teacher, train_teacher: 
         if point is None:
             return None
         points.append(point)
-    (opts.out / "curve.json").write_text(json.dumps([asdict(p) for p in points], indent=1))
-    (opts.out / "curve.md").write_text("\n".join(curve_table([asdict(p) for p in points])) + "\n")
-    return points
+    shipped = shipped_point(train_teacher, read_shard(opts.out, HELDOUT_SHARD), real)
+    (opts.out / "curve.json").write_text(json.dumps({"sizes": [asdict(p) for p in points], "shipped": shipped}, indent=1))
+    (opts.out / "curve.md").write_text("\n".join(curve_table([asdict(p) for p in points], shipped)) + "\n")
+    return points, shipped
 
 
-def curve_table(points: list[dict]) -> list[str]:
+def curve_table(points: list[dict], shipped: dict | None = None) -> list[str]:
     """Markdown rows of the learning curve by corpus size (and drafter design: the layers it started from,
     its draft vocabulary, its cost per drafted token relative to a main step)."""
     lines = [f"Each student: the same optimizer steps, trained on the first N clips; held-out: the corpus's shard 0 "
@@ -152,6 +181,12 @@ def curve_table(points: list[dict]) -> list[str]:
                      f"{p['heldout']['tokens_per_call']:.2f}{start} | {p['real']['agreement']:.1%} | "
                      f"{p['real']['tokens_per_call']:.2f} | {p['label_seconds']:,.0f} ({'; '.join(p['label_devices'])}) | "
                      f"{p['train_seconds']:,.0f} ({p['device']}) |")
+    if shipped:
+        p = shipped
+        lines.append(f"| {p['clips']:,} (the shipped {p['name']}, its card) | {p['layers']} | {p['draft_vocab']:,} | "
+                     f"{p['draft_cost']:.2f} | {p['steps']} ({p['clips_seen']:,}) | {p['heldout']['agreement']:.1%} | "
+                     f"{p['heldout']['tokens_per_call']:.2f} | {p['real']['agreement']:.1%} | {p['real']['tokens_per_call']:.2f} "
+                     "| see its card | see its card |")
     return lines
 
 

@@ -19,7 +19,7 @@ from .teacher import Teacher
 
 
 def export(opts: DistillOptions, teacher: Teacher, state: dict, log, folder: Path | None = None,
-           sizes: list[dict] | None = None) -> Path:
+           sizes: list[dict] | None = None, shipped: dict | None = None) -> Path:
     """Write the assistant from the best checkpoint of ``folder`` (default: the run's ``train``) into
     ``out/assistant``; ``sizes``: the learning curve by corpus size (``curve``), shown on the card."""
     import torch
@@ -32,7 +32,7 @@ def export(opts: DistillOptions, teacher: Teacher, state: dict, log, folder: Pat
     card = {
         "main": str(teacher.ref), "layers": opts.layers, "init_layers": student.config.distill_init_layers,
         "draft_vocab_size": len(vocab), "training": state.get("best"), "curve": state.get("curve"),
-        **({"sizes": sizes} if sizes else {}),
+        **({"sizes": sizes, "shipped": shipped} if sizes else {}),
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()},
     }
     if teacher.is_whisper:
@@ -77,7 +77,7 @@ def card_text(card: dict) -> str:
     if card.get("sizes"):
         from .curve import curve_table
 
-        lines += ["", "## Learning curve by corpus size", "", *curve_table(card["sizes"])]
+        lines += ["", "## Learning curve by corpus size", "", *curve_table(card["sizes"], card.get("shipped"))]
     return "\n".join(lines) + "\n"
 
 
