@@ -159,7 +159,7 @@ def test_long_outputs_and_the_plain_comparison_flag():
 def test_lean_causal_drafter_computes_the_models_logits():
     """The int8 draft decoder's math is the model's: with float32 weights its logits match the model's own
     forward over a ragged cache (two chunks, then a rejected draft rolled back and written again); with int8
-    weights the greedy choices mostly agree (the drafts only propose)."""
+    weights they stay close to them on any processor (the drafts only propose)."""
     from pipelines.engine.causal_draft import CausalDraftDecoder
     from pipelines.engine.lean import int8_available
 
@@ -181,5 +181,9 @@ def test_lean_causal_drafter_computes_the_models_logits():
         ours = torch.cat([first[0], rest[0]])
         if not int8:
             assert (ours - ref).abs().max() < 1e-4
-        else:
-            assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.75
+        else:  # int8 weights, 7-bit dynamic activations: every position's logits within ~1% of the model's
+            # (cosine 0.989-0.991 on an AMD EPYC and ~0.99 from torch's own quantize_dynamic; 0.57-0.76 there with
+            # 8-bit activations, whose int16 pair sums saturate in fbgemm without VNNI)
+            cosine = torch.nn.functional.cosine_similarity(ours, ref, dim=-1)
+            relative = (ours - ref).norm(dim=-1) / ref.norm(dim=-1)
+            assert cosine.min() > 0.97 and relative.max() < 0.25, (cosine.min(), relative.max())
