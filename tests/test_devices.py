@@ -163,3 +163,40 @@ def test_the_pass_shape_follows_the_machine_kind(monkeypatch):
     assert whisper.step_shape(torch.bfloat16) == whisper.StepShape(4, False)
     monkeypatch.setattr(whisper, "cpu_info", lambda: ("", "unknown"))
     assert whisper.step_shape(torch.float32, "cuda:0").width == 4
+
+
+def test_half_precision_is_native_only_where_the_cpu_lists_its_units(monkeypatch):
+    """bfloat16 (float16) products are native on a CPU only with AMX or AVX-512 units for them (the flags of
+    /proc/cpuinfo); elsewhere torch emulates them, several times slower than float32."""
+    from pipelines import devices
+
+    assert isinstance(devices.cpu_flags(), frozenset)
+    monkeypatch.setattr(devices, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx_vnni"}))
+    assert not devices.half_is_native("cpu", "bfloat16") and not devices.half_is_native("cpu", "float16")
+    assert devices.half_is_native("cpu", "float32") and devices.half_is_native("cuda:0", "bfloat16")
+    monkeypatch.setattr(devices, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    assert devices.half_is_native("cpu", "bfloat16") and not devices.half_is_native("cpu", "float16")
+    monkeypatch.setattr(devices, "cpu_flags", lambda: frozenset({"amx_bf16", "amx_fp16"}))
+    assert devices.half_is_native("cpu", "bfloat16") and devices.half_is_native("cpu", "float16")
+
+
+def test_distill_encodes_labelled_clips_in_float32_where_bfloat16_is_emulated(monkeypatch, tmp_path):
+    """The labelling teacher stays bfloat16 (the corpus's teacher); clips the corpus already labels are encoded
+    by a float32 teacher on a CPU without bfloat16 units, and by the labelling teacher itself elsewhere."""
+    from pipelines import devices, distill
+    from pipelines.distill.options import DistillOptions
+
+    class FakeTeacher:
+        def __init__(self, ref, dtype, device="cpu"):
+            self.ref, self.dtype, self.device = ref, dtype, device
+
+    monkeypatch.setattr(distill, "Teacher", FakeTeacher)
+    label = FakeTeacher("embedded:whisper-base", "bfloat16")
+    opts = DistillOptions(main="whisper-base", out=tmp_path)
+    lines: list[str] = []
+    monkeypatch.setattr(devices, "cpu_flags", lambda: frozenset({"avx2"}))
+    reader = distill.features_teacher(label, opts, lines.append)
+    assert (reader.dtype, reader.ref) == ("float32", label.ref) and "no bfloat16 units" in lines[0]
+    assert distill.features_teacher(label, DistillOptions(**{**opts.__dict__, "label_only": True}), print) is label
+    monkeypatch.setattr(devices, "cpu_flags", lambda: frozenset({"amx_bf16"}))
+    assert distill.features_teacher(label, opts, print) is label

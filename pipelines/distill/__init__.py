@@ -80,10 +80,26 @@ def read_text_lines(paths: tuple[str, ...]) -> list[str]:
     return sorted(set(lines))
 
 
-def build_corpus(opts: DistillOptions, teacher: Teacher, deadline: float | None, log) -> int:
+def features_teacher(teacher: Teacher, opts: DistillOptions, log) -> Teacher:
+    """The teacher that encodes clips whose labels the corpus already holds (and gives their top-k): the
+    labelling teacher itself where its dtype runs natively on the device, else the main model in float32
+    (on a CPU without bfloat16 units bfloat16 is emulated, several times slower than float32; new labels
+    keep the corpus's dtype, only the training features change precision)."""
+    from ..devices import half_is_native
+
+    if opts.label_only or teacher.dtype == "float32" or half_is_native(opts.device, teacher.dtype):
+        return teacher
+    log(f"this CPU has no {teacher.dtype} units (/proc/cpuinfo): new labels in {teacher.dtype} (the corpus's "
+        f"teacher) run several times slower than float32 here; clips the corpus already labels are encoded in "
+        "float32")
+    return Teacher(teacher.ref, "float32", opts.device)
+
+
+def build_corpus(opts: DistillOptions, teacher: Teacher, deadline: float | None, log,
+                 reader: Teacher | None = None) -> int:
     """Build the training features of the held-out shard and of ``opts.clips`` training items (or until the
     deadline); returns the number of training shards done. Each shard is written atomically, so a stopped
-    run loses at most one."""
+    run loses at most one. ``reader`` (default ``teacher``) encodes the clips whose labels the corpus holds."""
     n_train = opts.train_shards
     shards = list(range(n_train + 1))
     if not opts.label_only and all(shard_done(opts.out, s) for s in shards):
@@ -106,7 +122,7 @@ def build_corpus(opts: DistillOptions, teacher: Teacher, deadline: float | None,
         try:
             if opts.label_only:  # the corpus only: its shards count, no training features
                 return grow_corpus(teacher, source.items, shards, 440, deadline, log, corpus) - corpus.has(HELDOUT_SHARD)
-            done = build_features(opts, teacher, source.items, shards, 440, deadline, log, corpus)
+            done = build_features(opts, teacher, source.items, shards, 440, deadline, log, corpus, reader)
         except CorpusError as e:
             raise DistillError(str(e)) from None
         if source.skipped:
@@ -168,7 +184,8 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
     # text models and all training in float32
     label_dtype = resolve_dtype(opts.device, None, "bfloat16") if is_whisper_ref(ref) else "float32"
     teacher = Teacher(ref, label_dtype, opts.device)
-    done = build_corpus(opts, teacher, deadline, log)
+    reader = features_teacher(teacher, opts, log)
+    done = build_corpus(opts, teacher, deadline, log, reader)
     n_train = opts.train_shards
     if done < n_train:
         log(f"corpus: {done}/{n_train} shards labelled when the budget ran out; resume with --resume")
@@ -177,9 +194,9 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
         log(f"corpus: {done} training shards labelled (--label-only: no training)")
         return None
     if opts.curve:
-        return run_curve(opts, ref, teacher, deadline, log)
+        return run_curve(opts, ref, reader, deadline, log)
     if teacher.model.dtype != torch.float32:
-        teacher = Teacher(ref, "float32", opts.device)
+        teacher = reader if reader.dtype == "float32" else Teacher(ref, "float32", opts.device)
     state = train(opts, teacher, list(range(1, n_train + 1)), deadline, log)
     if not state["finished"]:
         if (opts.out / "train" / "best.pt").is_file():
@@ -189,7 +206,8 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
 
 
 def run_curve(opts: DistillOptions, ref: ModelRef, label_teacher: Teacher, deadline: float | None, log) -> Path | None:
-    """The learning curve over ``opts.curve`` (``curve``), then the largest size's student exported."""
+    """The learning curve over ``opts.curve`` (``curve``), then the largest size's student exported;
+    ``label_teacher`` (``features_teacher``'s) labels speech-real for the measurements."""
     from dataclasses import asdict
 
     from .curve import learning_curve

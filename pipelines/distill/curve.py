@@ -1,7 +1,8 @@
 """The learning curve by corpus size: for each size N, a student trained from the same initialisation on the
 first N training clips of the corpus for the same number of optimizer steps (so that only the number of
 distinct clips changes), measured on the synthetic held-out shard and on a real-speech set (speech-real: the
-main model's own greedy tokens on it, in the labelling dtype), with the device and the time labelling and
+main model's own greedy tokens on it, in the labelling dtype where the device runs it natively, else in
+float32: ``features_teacher``), with the device and the time labelling and
 training took. The largest size's student is exported with the curve on its card."""
 
 from __future__ import annotations

@@ -147,14 +147,15 @@ def synthesised_ahead(make, todo: list[int], deadline: float | None):
 
 
 def build_features(opts: DistillOptions, teacher: Teacher, make, shards: list[int], max_new: int, deadline: float | None,
-                   log, corpus: Corpus | None = None) -> int:
+                   log, corpus: Corpus | None = None, reader: Teacher | None = None) -> int:
     """Build the training features of ``shards`` not yet on disk; ``make(shard)`` gives (items, labels or None).
-    New labels are added to ``corpus`` (when given) shard by shard. Returns the shards done."""
+    New labels (``teacher``) are added to ``corpus`` (when given) shard by shard; items already labelled are
+    encoded by ``reader`` (default ``teacher``). Returns the shards done."""
     todo = [s for s in shards if not shard_done(opts.out, s)]
     for s, items, labels in synthesised_ahead(make, todo, deadline):
         t0 = time.perf_counter()
         fresh = labels is None
-        hidden, mask, prompts, labels, ids, lps = featurise(teacher, items, max_new, labels)
+        hidden, mask, prompts, labels, ids, lps = featurise(teacher if fresh else reader or teacher, items, max_new, labels)
         seconds = time.perf_counter() - t0
         if fresh and corpus is not None:
             add_labelled(corpus, s, items, labels, made(teacher, seconds, corpus))
