@@ -6,9 +6,10 @@ per-request state lives inside each ``generate`` call.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 
-from .devices import int8_allowed, resolve_dtype
+from .devices import HALF_UNITS, half_is_native, int8_allowed, resolve_dtype
 from .engine import AssistedDecoder, Decoder, as_decoder, model_drafter, prompt_lookup
 from .loading import load_model, load_tokenizer
 from .registry import Pair
@@ -58,6 +59,10 @@ def load_pair(pair: Pair, dtype: str | None = None, device: str = "cpu") -> Load
     """Load the pair's main model (and assistant) on ``device`` (``devices.resolve_device``) in ``dtype``
     (default: ``devices.resolve_dtype``'s, the pair's own on a CPU) and build its engines."""
     dtype = resolve_dtype(device, dtype, pair.dtype)
+    if not half_is_native(device, dtype):
+        warnings.warn(f"{dtype} is emulated on this CPU (none of {', '.join(HALF_UNITS[dtype])} in /proc/cpuinfo): "
+                      "several times slower than float32, which gives outputs just as exact (--dtype float32)",
+                      RuntimeWarning, stacklevel=2)
     main_model = load_model(pair.main, dtype, device)
     main = as_decoder(main_model)
     pad = pad_id_of(main_model)

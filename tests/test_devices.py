@@ -200,3 +200,15 @@ def test_distill_encodes_labelled_clips_in_float32_where_bfloat16_is_emulated(mo
     assert distill.features_teacher(label, DistillOptions(**{**opts.__dict__, "label_only": True}), print) is label
     monkeypatch.setattr(devices, "cpu_flags", lambda: frozenset({"amx_bf16"}))
     assert distill.features_teacher(label, opts, print) is label
+
+
+def test_loading_a_pair_in_an_emulated_dtype_says_so(monkeypatch, registry):
+    """bfloat16 on a CPU without bfloat16 units: the pair loads and the run warns that float32 is faster there."""
+    from pipelines import devices, pairs
+
+    monkeypatch.setattr(pairs, "half_is_native", lambda device, dtype: dtype == "float32")
+    monkeypatch.setattr(pairs, "load_model", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("loaded")))
+    pair = registry.pairs["whisper-base"]
+    with pytest.warns(RuntimeWarning, match="bfloat16 is emulated on this CPU"), pytest.raises(RuntimeError, match="loaded"):
+        pairs.load_pair(pair, "bfloat16", "cpu")
+    assert devices.HALF_UNITS["bfloat16"] == ("amx_bf16", "avx512_bf16")
