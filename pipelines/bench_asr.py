@@ -147,12 +147,13 @@ def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synt
         for long_form, batch, suffix in modes:
             for dtype in ("float32", "bfloat16"):
                 for assisted in (False, True):
-                    if assisted and not pair.uses_assistant:
+                    if assisted and not pair.uses_assistant and not others:
                         continue
                     opts = TranscribeOptions(use_assistant=assisted, batch_size=batch, dtype=dtype, long_form=long_form,
                                              device=device)
                     name = f"tandem {'assisted' if assisted else 'plain'} {dtype}{suffix}"
-                    timed(name, lambda n=name, o=opts, d=dtype: tandem(n, o, runners[d]))
+                    if pair.uses_assistant or not assisted:  # --also's pairs run even when --pair drafts nothing
+                        timed(name, lambda n=name, o=opts, d=dtype: tandem(n, o, runners[d]))
                     for other in others if assisted else ():
                         name = f"tandem assisted {dtype}{suffix} [{other.name}]"
                         timed(name, lambda n=name, o=opts, d=dtype, p=other: tandem(n, o, other_runners[p.name, d], p))

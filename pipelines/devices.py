@@ -69,7 +69,8 @@ def int8_allowed(device: str) -> bool:
 # the /proc/cpuinfo flags of matrix or vector units that compute a half-precision product natively; without
 # them torch's CPU kernels convert to float32 and back: bfloat16 then costs several times float32 (Whisper
 # base's encoder, one 30 s window, one thread, on a 2-core AVX2-only AMD EPYC: 13.3 s bfloat16, 2.8 s float32)
-HALF_UNITS = {"bfloat16": ("amx_bf16", "avx512_bf16"), "float16": ("amx_fp16", "avx512_fp16")}
+# (Arm's /proc/cpuinfo names them in its "Features" line: bf16, asimdhp)
+HALF_UNITS = {"bfloat16": ("amx_bf16", "avx512_bf16", "bf16"), "float16": ("amx_fp16", "avx512_fp16", "asimdhp")}
 
 
 def half_is_native(device: str, dtype: str) -> bool:
@@ -82,12 +83,13 @@ def half_is_native(device: str, dtype: str) -> bool:
 
 @lru_cache(maxsize=1)
 def cpu_flags() -> frozenset[str]:
-    """The first processor's ``flags`` line of ``/proc/cpuinfo`` (empty where that file is absent)."""
+    """The first processor's ``flags`` (x86) or ``Features`` (Arm) line of ``/proc/cpuinfo`` (empty where that
+    file is absent)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                if key.strip() == "flags":
+                if key.strip() in ("flags", "Features"):
                     return frozenset(value.split())
     except OSError:
         pass

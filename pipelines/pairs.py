@@ -61,7 +61,7 @@ def load_pair(pair: Pair, dtype: str | None = None, device: str = "cpu") -> Load
     dtype = resolve_dtype(device, dtype, pair.dtype)
     if not half_is_native(device, dtype):
         warnings.warn(f"{dtype} is emulated on this CPU (none of {', '.join(HALF_UNITS[dtype])} in /proc/cpuinfo): "
-                      "several times slower than float32, which gives outputs just as exact (--dtype float32)",
+                      "several times slower than float32, whose outputs are just as exact (commands' --dtype float32)",
                       RuntimeWarning, stacklevel=2)
     main_model = load_model(pair.main, dtype, device)
     main = as_decoder(main_model)

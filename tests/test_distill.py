@@ -87,3 +87,38 @@ def test_an_exported_whisper_assistant_folder_loads_as_a_local_assistant(tmp_pat
     (other / "assistant.json").write_text(json.dumps({"base": "openai/whisper-large-v3", "sha256": "0" * 64}))
     with pytest.raises(ModelUnavailableError, match="not an embedded Whisper"):
         resolve(ModelRef("local", str(other)))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"curve": (100, 128)}, "sizes are whole shards of 64 clips"),
+    ({"curve": (128,), "steps": 0}, "at least one optimizer step"),
+    ({"curve": (64,), "main": "facebook/bart-large-cnn"}, "Whisper main models only"),
+])
+def test_a_curve_it_cannot_measure_is_refused_before_anything_is_labelled(tmp_path, monkeypatch, change, message):
+    """A size of part of a shard would train on the whole shard (other clips than the row says), and a text
+    main model or no step at all could only fail after hours of labelling: each is one error up front."""
+    from pipelines import distill as package
+
+    monkeypatch.setattr(package, "Teacher", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(package, "is_whisper_ref", lambda ref: "whisper" in str(ref))
+    opts = DistillOptions(**{"main": "whisper-base", "out": tmp_path / "run", **change})
+    with pytest.raises(DistillError, match=message):
+        distill(opts, log=lambda *_: None)
+
+
+def test_a_curve_point_measured_at_other_steps_is_not_reused(tmp_path):
+    """--resume with another --steps (or another largest size, hence other default steps) would mix rows
+    trained for different lengths in one curve: the stored point refuses."""
+    from dataclasses import asdict
+
+    from pipelines.distill.curve import CurvePoint, measure_size
+    from pipelines.distill.options import HeldOut
+
+    held = HeldOut(0.5, 2.0, 0.9)
+    folder = tmp_path / "curve" / "64"
+    folder.mkdir(parents=True)
+    (folder / "point.json").write_text(json.dumps(asdict(CurvePoint(64, 12, 192, held, held, 1.0, ("cpu: x",), 2.0, "cpu"))))
+    opts = DistillOptions(main="whisper-base", out=tmp_path, curve=(64,), steps=12)
+    assert measure_size(opts, None, 64, None, None, None, print).steps == 12
+    with pytest.raises(DistillError, match="trained for 12 steps, this curve asks for 24"):
+        measure_size(DistillOptions(**{**opts.__dict__, "steps": 24}), None, 64, None, None, None, print)

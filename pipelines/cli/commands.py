@@ -249,7 +249,7 @@ def cmd_bench_scale(args: argparse.Namespace) -> int:
 
 
 def cmd_distill(args: argparse.Namespace) -> int:
-    from ..distill import DistillOptions, corpus_labelled, distill
+    from ..distill import DistillOptions, corpus_labelled, curve_options, distill
 
     data = tuple(args.data) if args.data else ("debian-speech",)
     opts = DistillOptions(main=args.main, out=Path(args.out), layers=args.layers, init=args.init, data=data, clips=args.clips,
@@ -258,7 +258,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
                           device=args.device, corpus=Path(args.corpus) if args.corpus else None,
                           label_only=args.label_only, steps=args.steps, curve=parse_sizes(args.curve))
     folder = distill(opts)
-    if folder is None and opts.label_only and corpus_labelled(opts):
+    if folder is None and opts.label_only and corpus_labelled(curve_options(opts)):
         print(f"labelled: {opts.clips} training items and the held-out shard in {args.out}")
         return 0
     if folder is None:

@@ -154,6 +154,38 @@ def corpus_labelled(opts: DistillOptions) -> bool:
     return all(shard_done(opts.out, s) for s in wanted)
 
 
+def curve_options(opts: DistillOptions) -> DistillOptions:
+    """With ``--curve``: the corpus to the largest size, and every size trained as long as the largest would be
+    at ``epochs`` (unless ``steps`` says)."""
+    if not opts.curve:
+        return opts
+    return replace(opts, clips=max(opts.curve),
+                   steps=opts.steps if opts.steps is not None else max(1, int(opts.epochs * max(opts.curve) / opts.batch_size)))
+
+
+def check_curve(opts: DistillOptions, ref: ModelRef) -> None:
+    """What a learning curve needs, checked before anything is labelled (DistillError): a Whisper main model,
+    sizes of whole shards (a size's students train on exactly its first N clips), at least one step and a
+    built speech-real set to measure on."""
+    if opts.steps is not None and opts.steps < 1:
+        raise DistillError(f"--steps {opts.steps}: at least one optimizer step")
+    if not opts.curve:
+        return
+    if not is_whisper_ref(ref):
+        raise DistillError("--curve measures on speech-real: Whisper main models only")
+    odd = [n for n in opts.curve if n % opts.shard_size]
+    if odd:
+        raise DistillError(f"--curve {','.join(map(str, odd))}: sizes are whole shards of {opts.shard_size} clips "
+                           f"(e.g. {','.join(str(max(1, round(n / opts.shard_size)) * opts.shard_size) for n in odd)})")
+    from ..evalsets import DataBuildError, read_manifest
+    from .curve import REAL_SET
+
+    try:
+        read_manifest(REAL_SET)
+    except DataBuildError as e:
+        raise DistillError(f"--curve measures on {REAL_SET}: {e}") from None
+
+
 def distill(opts: DistillOptions, log=print) -> Path | None:
     """Corpus -> labels -> training -> export, resumable. Returns the assistant folder, or None when the
     budget ran out before training finished (``--resume`` goes on) or ``label_only`` stopped before it."""
@@ -176,10 +208,9 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
     opts.out.mkdir(parents=True, exist_ok=True)
     plan_path.write_text(json.dumps(plan, indent=1))
     deadline = time.time() + opts.budget_minutes * 60 if opts.budget_minutes else None
-    if opts.curve:  # every size trains as long as the largest would at ``epochs``
-        opts = replace(opts, clips=max(opts.curve),
-                       steps=opts.steps if opts.steps is not None else int(opts.epochs * max(opts.curve) / opts.batch_size))
+    opts = curve_options(opts)
     ref = resolve_main(opts.main)
+    check_curve(opts, ref)
     # Whisper is labelled in bfloat16 (4x faster encoder on these CPUs; float16 on a GPU without bfloat16);
     # text models and all training in float32
     label_dtype = resolve_dtype(opts.device, None, "bfloat16") if is_whisper_ref(ref) else "float32"
@@ -199,7 +230,7 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
         teacher = reader if reader.dtype == "float32" else Teacher(ref, "float32", opts.device)
     state = train(opts, teacher, list(range(1, n_train + 1)), deadline, log)
     if not state["finished"]:
-        if (opts.out / "train" / "best.pt").is_file():
+        if state["step"] > 0 and (opts.out / "train" / "best.pt").is_file():  # never the untrained start alone
             export(opts, teacher, state, log)
         return None
     return export(opts, teacher, state, log)
@@ -215,8 +246,6 @@ def run_curve(opts: DistillOptions, ref: ModelRef, label_teacher: Teacher, deadl
 
     import torch
 
-    if not label_teacher.is_whisper:
-        raise DistillError("--curve measures on speech-real: Whisper main models only")
     train_teacher = label_teacher if label_teacher.dtype == "float32" else Teacher(ref, "float32", opts.device)
     measured = learning_curve(opts, label_teacher, train_teacher, opts.corpus or default_corpus(ref), deadline, log)
     if measured is None:

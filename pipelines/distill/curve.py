@@ -91,7 +91,11 @@ def measure_size(opts: DistillOptions, teacher: Teacher, clips: int, real: Shard
     folder = opts.out / "curve" / str(clips)
     done = folder / "point.json"
     if done.is_file():
-        return point_from_json(json.loads(done.read_text()))
+        point = point_from_json(json.loads(done.read_text()))
+        if point.steps != opts.steps:  # "the same steps each": a size measured at other steps is not reused
+            raise DistillError(f"{done}: {clips} clips were trained for {point.steps} steps, this curve asks for "
+                               f"{opts.steps}: give the same --steps/--epochs and largest size, or another --out")
+        return point
     shards = shards_for(clips, opts.shard_size)
     state = train(opts, teacher, shards, deadline, log, folder)
     if not state["finished"]:
@@ -129,9 +133,9 @@ def shipped_point(teacher: Teacher, heldout: Shard, real: Shard) -> dict | None:
     from .student import make_student
 
     spec = next((d for d in DERIVED.values() if d.trained and f"embedded:{d.base}" == str(teacher.ref)), None)
-    if spec is None or not (ASSISTANTS_DIR / spec.trained / "assistant.json").is_file():
+    folder = None if spec is None else ASSISTANTS_DIR / spec.trained
+    if folder is None or not all((folder / f).is_file() for f in ("assistant.json", "card.json", "layers.safetensors")):
         return None
-    folder = ASSISTANTS_DIR / spec.trained
     meta = json.loads((folder / "assistant.json").read_text())
     card = json.loads((folder / "card.json").read_text())
     student = make_student(teacher.model, meta["layers"]).float().to(teacher.device)

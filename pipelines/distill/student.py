@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .options import HELDOUT_SHARD, DistillOptions, HeldOut
+from .options import HELDOUT_SHARD, DistillError, DistillOptions, HeldOut
 from .shards import Shard, read_shard, shard_dir
 from .teacher import Teacher, forced_logits
 
@@ -235,17 +235,21 @@ def train(opts: DistillOptions, teacher: Teacher, shards_ids: list[int], deadlin
     student = make_student(teacher.model, opts.layers, opts.init).float().to(teacher.device)
     params = [p for p in student.parameters() if p.requires_grad]
     optim = torch.optim.AdamW(params, lr=opts.lr, weight_decay=0.01)
-    state = {"step": 0, "seen": 0, "best": None, "curve": [], "seconds": 0.0}
+    shards = {s: read_shard(opts.out, s) for s in shards_ids}
+    heldout = read_shard(opts.out, HELDOUT_SHARD)
+    order = [(s, i) for s in shards_ids for i in range(len(shards[s].items))]
+    steps_total = opts.steps if opts.steps is not None else max(1, int(opts.epochs * len(order) / opts.batch_size))
+    state = {"step": 0, "seen": 0, "best": None, "curve": [], "seconds": 0.0, "steps_total": steps_total}
     if ckpt.is_file():
         saved = torch.load(ckpt, weights_only=False, map_location=teacher.device)
+        planned = saved["state"].get("steps_total", steps_total)
+        if planned != steps_total:  # the learning-rate schedule and the curve's "same steps" depend on it
+            raise DistillError(f"{out} was trained towards {planned} steps, this run asks for {steps_total}: "
+                               "give the same --steps/--epochs (and --curve's largest size), or another --out")
         student.load_state_dict(saved["student"], strict=False)
         optim.load_state_dict(saved["optim"])
         state = saved["state"]
         log(f"resumed at step {state['step']} ({state['seen']} clips seen)")
-    shards = {s: read_shard(opts.out, s) for s in shards_ids}
-    heldout = read_shard(opts.out, HELDOUT_SHARD)
-    order = [(s, i) for s in shards_ids for i in range(len(shards[s].items))]
-    steps_total = opts.steps if opts.steps is not None else int(opts.epochs * len(order) / opts.batch_size)
     always = list(range(teacher.tokenizer.convert_tokens_to_ids(teacher.tokenizer.eos_token) or 0,
                         teacher.model.config.vocab_size)) if teacher.is_whisper else list(teacher.tokenizer.all_special_ids)
     vocab = draft_vocabulary(opts.out, shards_ids, opts.draft_vocab, teacher.model.config.vocab_size, always)
@@ -280,6 +284,7 @@ def train(opts: DistillOptions, teacher: Teacher, shards_ids: list[int], deadlin
     loss = None
     if state["step"] == 0 and not state["curve"]:
         measure()  # where training starts from (for an early exit, the main model's own first layers)
+        _save_checkpoint(ckpt, {"student": _trainable_state(student), "optim": optim.state_dict(), "state": state})
     student.train()
     while state["step"] < steps_total:
         if deadline is not None and time.time() > deadline:
