@@ -179,6 +179,11 @@ def test_half_precision_is_native_only_where_the_cpu_lists_its_units(monkeypatch
     assert devices.half_is_native("cpu", "bfloat16") and devices.half_is_native("cpu", "float16")
     monkeypatch.setattr(devices, "cpu_flags", lambda: frozenset({"fp", "asimd", "bf16"}))  # an Arm Neoverse V1
     assert devices.half_is_native("cpu", "bfloat16") and not devices.half_is_native("cpu", "float16")
+    from pipelines.distill.student import autocast_pays  # distill's bfloat16 autocast: only where it is native
+
+    assert autocast_pays(torch.device("cpu")) and autocast_pays(torch.device("cuda", 0))
+    monkeypatch.setattr(devices, "cpu_flags", lambda: frozenset({"avx2"}))
+    assert not autocast_pays(torch.device("cpu"))
 
 
 def test_distill_encodes_labelled_clips_in_float32_where_bfloat16_is_emulated(monkeypatch, tmp_path):

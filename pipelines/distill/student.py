@@ -149,7 +149,7 @@ def distill_loss(student, batch, kl_weight: float, rows=None):
 
     hidden, mask, prompts, labels, tk_ids, tk_lp = batch
     device = hidden.device
-    with torch.autocast(device.type, dtype=torch.bfloat16):
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast_pays(device)):
         logits = forced_logits(student, hidden, mask, prompts, labels, grad=True, rows=rows)
     # column of each token id in the logits (-1: not drafted)
     column = None
@@ -187,7 +187,7 @@ def evaluate_heldout(student, shard: Shard, vocab: list[int] | None, lookahead: 
     for g in range(0, len(shard.items), 16):
         picks = [(0, i) for i in range(g, min(g + 16, len(shard.items)))]
         hidden, mask, prompts, labels, _, _ = _batch({0: shard}, picks, device)
-        with torch.autocast(device.type, dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast_pays(device)):
             logits = forced_logits(student, hidden, mask, prompts, labels, rows=rows)
         for b, (p, y) in enumerate(zip(prompts, labels)):
             lg = logits[b, len(p) - 1 : len(p) - 1 + len(y)].float()
@@ -324,6 +324,15 @@ def load_best(teacher: Teacher, opts: DistillOptions, folder: Path):
     student = make_student(teacher.model, opts.layers, opts.init).float().to(teacher.device)
     student.load_state_dict(best["student"], strict=False)
     return student.eval(), best["vocab"]
+
+
+def autocast_pays(device) -> bool:
+    """Whether training and held-out passes run under bfloat16 autocast on ``device`` (a torch.device): where
+    bfloat16 is native (CUDA, a CPU with AMX or AVX-512 BF16); elsewhere it is emulated and a training step
+    took over 90 s instead of about 1 (16 clips, an AVX2-only AMD EPYC), so they stay float32."""
+    from ..devices import half_is_native
+
+    return half_is_native(str(device), "bfloat16")
 
 
 def _trainable_state(student) -> dict:
