@@ -82,34 +82,31 @@ def half_is_native(device: str, dtype: str) -> bool:
 
 
 @lru_cache(maxsize=1)
+def cpuinfo_fields() -> dict[str, str]:
+    """The first processor's ``key: value`` lines of ``/proc/cpuinfo`` (up to its blank line; empty where that
+    file is absent)."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if not line.strip() and fields:
+                    break
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return fields
+
+
 def cpu_flags() -> frozenset[str]:
     """The first processor's ``flags`` (x86) or ``Features`` (Arm) line of ``/proc/cpuinfo`` (empty where that
     file is absent)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    return frozenset(value.split())
-    except OSError:
-        pass
-    return frozenset()
+    fields = cpuinfo_fields()
+    return frozenset((fields.get("flags") or fields.get("Features") or "").split())
 
 
-@lru_cache(maxsize=1)
 def cpu_info() -> tuple[str, str]:
     """This machine's CPU as (vendor, model name) from ``/proc/cpuinfo`` (``vendor_id``, ``model name``), e.g.
     ("GenuineIntel", "Intel(R) Xeon(R) Processor"); ("", ``platform.processor()``) where that file is absent."""
-    vendor, model = "", platform.processor()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "vendor_id" and not vendor:
-                    vendor = value.strip()
-                elif key.strip() == "model name":
-                    model = value.strip()
-                    break
-    except OSError:
-        pass
-    return vendor, model
+    fields = cpuinfo_fields()
+    return fields.get("vendor_id", ""), fields.get("model name") or platform.processor()
