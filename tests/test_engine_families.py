@@ -187,3 +187,54 @@ def test_lean_causal_drafter_computes_the_models_logits():
             cosine = torch.nn.functional.cosine_similarity(ours, ref, dim=-1)
             relative = (ours - ref).norm(dim=-1) / ref.norm(dim=-1)
             assert cosine.min() > 0.97 and relative.max() < 0.25, (cosine.min(), relative.max())
+
+
+def test_ragged_cache_rolls_back_every_row_at_once_and_counts_holes_on_the_host():
+    """``rollback_rows`` turns each row's last n real slots into holes (holes from earlier rounds stay where
+    they are), as one ``rollback`` per row does; the host's count of real slots matches the mask, so
+    compaction decides without reading the device."""
+    from transformers import DynamicCache
+
+    from pipelines.engine.cache import RaggedCache
+
+    rng = torch.Generator().manual_seed(5)
+    for _ in range(20):
+        batch = 3
+        caches = [RaggedCache(DynamicCache(), batch, torch.device("cpu")) for _ in range(2)]
+        for _ in range(4):  # rounds: feed ragged chunks, keep some, roll some back
+            chunks = [[1] * int(torch.randint(0, 5, (1,), generator=rng)) for _ in range(batch)]
+            for cache in caches:
+                ids, real = cache.tensors_of(chunks, pad_id=0)
+                cache.plan(real, None)
+                cache.commit(real, [len(c) for c in chunks])
+            back = [int(torch.randint(0, len(c) + 1, (1,), generator=rng)) for c in chunks]
+            caches[0].rollback_rows(back)
+            for b, n in enumerate(back):
+                caches[1].rollback(b, n)
+            assert torch.equal(caches[0].valid, caches[1].valid) and torch.equal(caches[0].next_pos, caches[1].next_pos)
+            assert caches[0]._real == caches[0].valid.sum(dim=1).tolist() == caches[0].next_pos.tolist()
+        caches[0].maybe_compact(0.0)  # gathers the real slots to the front, by the host's counts
+        assert caches[0].valid.shape[1] == max(caches[1].valid.sum(dim=1).tolist())
+        assert caches[0].valid.sum(dim=1).tolist() == caches[1].valid.sum(dim=1).tolist()
+
+
+def test_row_copies_per_row_and_by_index_are_the_same():
+    """The two ways of copying logits rows (a slice copy per row on a CPU, one indexed copy on an
+    accelerator) give the same tensors, with ragged counts, empty rows and -inf padding."""
+    from pipelines.engine.rows import gather_rows, scatter_rows
+
+    rng = torch.Generator().manual_seed(2)
+    for _ in range(10):
+        batch, n, vocab = int(torch.randint(1, 5, (1,), generator=rng)), int(torch.randint(1, 7, (1,), generator=rng)), 11
+        logits = torch.randn(batch, n, vocab, generator=rng)
+        counts = [int(torch.randint(0, n + 1, (1,), generator=rng)) for _ in range(batch)]
+        starts = [int(torch.randint(0, n - c + 1, (1,), generator=rng)) for c in counts]
+        width = max(counts) + 1
+        a, b = (gather_rows(logits, starts, counts, width, by_index=way) for way in (False, True))
+        assert torch.equal(a, b) and a.shape == (batch, width, vocab)
+        where = [(r, c, c + s) for r, (s, k) in enumerate(zip(starts, counts)) for c in range(k)]
+        targets = [torch.zeros(batch, n, vocab) for _ in range(2)]
+        for target, way in zip(targets, (False, True)):
+            scatter_rows(target, a, where, by_index=way)
+        assert torch.equal(targets[0], targets[1])
+        assert all(torch.equal(targets[0][r, j], logits[r, j]) for r, _, j in where)

@@ -1,8 +1,12 @@
 """Exactness on real weights: the engine's output equals Whisper base's own greedy ``generate``, token for
 token, over the real speech set, for every drafter, policy and batch size."""
 
+from collections import Counter
+from contextlib import contextmanager
+
 import pytest
 import torch
+from transformers import WhisperForCausalLM
 
 from pipelines.devices import half_is_native
 from pipelines.embedded import embedded_path
@@ -114,6 +118,68 @@ def test_identical_to_whisper_generate(setup, drafter, policy, batch):
         assert sum(s.new_tokens for s in stats) >= 2.0 * sum(s.row_calls for s in stats)
 
 
+HOST_READS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__")
+
+
+@contextmanager
+def _count_host_reads():
+    """Counts the calls that read a tensor's values into Python (on a GPU each waits for the device)."""
+    counts: Counter = Counter()
+    saved = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+    def counting(name, original):
+        def read(self, *args, **kwargs):
+            counts[name] += 1
+            return original(self, *args, **kwargs)
+        return read
+
+    for name, original in saved.items():
+        setattr(torch.Tensor, name, counting(name, original))
+    try:
+        yield counts
+    finally:
+        for name, original in saved.items():
+            setattr(torch.Tensor, name, original)
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_two_host_reads_a_round_whatever_the_rows_and_lookahead(setup, rows):
+    """Greedy rounds read the device twice, however many rows and drafts: the drafts once (the drafter feeds
+    its argmax back on the device), the verify pass's argmax and log-probabilities once. Outputs unchanged."""
+    decoder, enc, refs, rules, drafters = setup
+    if "distilled-lean" not in drafters:
+        pytest.skip("the distilled assistant is not shipped")
+    engine = AssistedDecoder(decoder, drafters["distilled-lean"], pad_id=EOT)
+    for k in (2, 5):
+        options = DecodeOptions(max_new_tokens=MAX_NEW, policy=PolicyOptions("constant", k))
+        with _count_host_reads() as counts:
+            result = engine.generate([PROMPT] * rows, rules, options, encoder_output=enc.select(torch.arange(rows)))
+        assert [_strip_eot(list(t)) for t in result.tokens] == refs[:rows]
+        assert result.stats.draft_calls > result.stats.rounds  # several draft steps a round
+        assert sum(counts.values()) <= 2 * result.stats.rounds, dict(counts)
+
+
+def test_device_drafting_proposes_the_host_loops_drafts(setup):
+    """The drafter's device-side greedy loop and its host loop (taken where rules need each prefix) propose
+    the same tokens: the same acceptance in every round."""
+    decoder, enc, refs, rules, drafters = setup
+    if "distilled-lean" not in drafters:
+        pytest.skip("the distilled assistant is not shipped")
+    lean = as_decoder(WhisperForCausalLM.from_pretrained(embedded_path("whisper-base-distilled"), dtype=torch.float32).eval(),
+                      assistant=True)
+    for policy in (PolicyOptions("confidence"), PolicyOptions("random", seed=3)):  # stops by probability; ragged ks, some 0
+        hists = []
+        for device_steps in (True, False):
+            lean.device_steps = device_steps
+            engine = AssistedDecoder(decoder, model_drafter(lean, share_encoder=True, pad_id=EOT), pad_id=EOT)
+            options = DecodeOptions(max_new_tokens=MAX_NEW, policy=policy)
+            result = engine.generate([PROMPT] * 3, rules, options, encoder_output=enc.select(torch.arange(3)))
+            assert [_strip_eot(list(t)) for t in result.tokens] == refs[:3]
+            s = result.stats
+            hists.append((s.drafted, s.accepted, s.accepted_hist, s.rounds))
+        assert hists[0] == hists[1], policy
+
+
 def test_encoder_runs_once_and_is_shared(setup):
     decoder, enc, refs, rules, drafters = setup
     from pipelines.audio import load_audio  # noqa: F401  (the features come from the fixture)
@@ -168,7 +234,7 @@ def test_draft_distribution_over_a_reduced_vocabulary_is_full_size(setup):
     dec = as_decoder(model, assistant=True)
     drafter = ModelDrafter(dec, setup[3], MAX_NEW, True, EOT)
     logits = torch.randn(len(dec.vocab_ids))
-    tok, q, p_tok = drafter._choose(logits, Sampling(temperature=0.8), torch.Generator().manual_seed(0), True)
+    tok, q, p_tok = drafter._sample(logits, Sampling(temperature=0.8), torch.Generator().manual_seed(0))
     assert q.shape == (model.config.vocab_size,) and abs(float(q.sum()) - 1.0) < 1e-5
     outside = torch.ones(model.config.vocab_size, dtype=torch.bool)
     outside[list(dec.vocab_ids)] = False

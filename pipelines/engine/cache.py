@@ -40,21 +40,26 @@ class RaggedCache:
         self.slot_pos = torch.zeros(batch, 0, dtype=torch.long, device=device)  # (B, T) true position of each slot
         self.next_pos = torch.zeros(batch, dtype=torch.long, device=device)  # (B,)
         self._planned: torch.Tensor | None = None  # positions of the chunk being fed
+        self._real: list[int] | None = [0] * batch  # real slots per row, kept on the host while commits give counts
 
     @property
     def length(self) -> int:
         return self.valid.shape[1]
 
-    def plan(self, chunks: list[list[int]], pad_id: int, max_pos: int | None):
-        """Token ids, positions, real-token flags and the 4-D mask for feeding ``chunks`` (one list a row)."""
-        batch, n = len(chunks), max(1, max(len(c) for c in chunks))
+    def tensors_of(self, chunks: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids (B, n) and real-token flags (B, n) of ``chunks`` (one list a row, padded to the longest
+        with ``pad_id``), built on the host and copied to the cache's device once."""
+        n = max(1, max(len(c) for c in chunks))
         device = self.valid.device
-        ids = torch.full((batch, n), pad_id, dtype=torch.long, device=device)
-        real = torch.zeros(batch, n, dtype=torch.bool, device=device)
-        for b, chunk in enumerate(chunks):
-            if chunk:
-                ids[b, : len(chunk)] = torch.tensor(chunk, dtype=torch.long, device=device)
-                real[b, : len(chunk)] = True
+        ids = torch.tensor([c + [pad_id] * (n - len(c)) for c in chunks], dtype=torch.long, device=device)
+        real = torch.tensor([[j < len(c) for j in range(n)] for c in chunks], dtype=torch.bool, device=device)
+        return ids, real
+
+    def plan(self, real: torch.Tensor, max_pos: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions (B, n) and the 4-D mask (B, 1, n, T + n) for feeding a chunk whose real tokens are
+        ``real`` (B, n) (real tokens first in each row); computed on the device."""
+        batch, n = real.shape
+        device = self.valid.device
         positions = self.next_pos[:, None] + torch.arange(n, device=device)[None, :]
         if max_pos is not None:
             positions = positions.clamp(max=max_pos - 1)  # padding slots only; real tokens stay in range
@@ -64,25 +69,46 @@ class RaggedCache:
         old = self.valid[:, None, :].expand(batch, n, self.length)
         allowed = torch.cat([old, new], dim=2)[:, None, :, :]
         self._planned = positions
-        return ids, positions, real, allowed
+        return positions, allowed
 
-    def commit(self, keep: torch.Tensor) -> None:
-        """After a forward call over n new slots: ``keep`` (B, n) marks which of them hold accepted tokens."""
+    def commit(self, keep: torch.Tensor, counts: list[int] | None = None) -> None:
+        """After a forward call over n new slots: ``keep`` (B, n) marks which of them hold accepted tokens
+        (``counts``: its rows' sums where the caller knows them; they keep the hole count on the host)."""
         self.valid = torch.cat([self.valid, keep], dim=1)
         self.slot_pos = torch.cat([self.slot_pos, self._planned], dim=1)
         self.next_pos = self.next_pos + keep.sum(dim=1)
+        self._real = None if counts is None or self._real is None else [r + c for r, c in zip(self._real, counts)]
+
+    def add_counts(self, counts: list[int]) -> None:
+        """Real slots committed without host counts (a drafter's device-fed steps), counted once known."""
+        if self._real is not None:
+            self._real = [r + c for r, c in zip(self._real, counts)]
 
     def rollback(self, row: int, n: int) -> None:
         """Turn the last ``n`` real slots of ``row`` into holes (rejected drafts) and step its position back."""
-        if n <= 0:
+        counts = [0] * self.valid.shape[0]
+        counts[row] = n
+        self.rollback_rows(counts)
+
+    def rollback_rows(self, counts: list[int]) -> None:
+        """``rollback`` for every row at once: the last ``counts[b]`` real slots of row b become holes. The
+        slots are found on the device: slot s is among a row's last n real ones when it is real and the
+        number of real slots from s on, (total - cumsum before s), is at most n."""
+        if not any(c > 0 for c in counts):
             return
-        slots = torch.nonzero(self.valid[row]).flatten()[-n:]
-        self.valid[row, slots] = False
-        self.next_pos[row] -= n
+        n = torch.tensor(counts, dtype=torch.long, device=self.valid.device)
+        real = self.valid.long()
+        from_here = real.sum(dim=1, keepdim=True) - real.cumsum(dim=1) + real  # real slots at s and after it
+        self.valid = self.valid & (from_here > n[:, None])
+        self.next_pos = self.next_pos - n
+        if self._real is not None:
+            self._real = [r - c for r, c in zip(self._real, counts)]
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (finished rows leave the batch and cost nothing more)."""
         self.cache.reorder_cache(rows)
+        if self._real is not None:
+            self._real = [self._real[i] for i in rows.tolist()]
         self.valid = self.valid.index_select(0, rows)
         self.slot_pos = self.slot_pos.index_select(0, rows)
         self.next_pos = self.next_pos.index_select(0, rows)
@@ -90,11 +116,16 @@ class RaggedCache:
     def maybe_compact(self, threshold: float = 0.5) -> None:
         """Gather each row's real slots to the front when holes are more than ``threshold`` of the cache
         (0: whenever there is one)."""
-        holes = 1.0 - self.valid.float().mean().item() if self.length else 0.0
+        if not self.length:
+            return
+        if self._real is not None:  # counted on the host: no read from the device
+            holes = 1.0 - sum(self._real) / (len(self._real) * self.length)
+        else:
+            holes = 1.0 - self.valid.float().mean().item()
         if holes <= threshold:
             return
         counts = self.valid.sum(dim=1)
-        width = int(counts.max().item())
+        width = max(self._real) if self._real is not None else int(counts.max().item())
         # For each row, the source slot of every kept slot: real slots in order, then slot 0 as filler.
         order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)[:, :width]
         new_valid = torch.arange(width, device=self.valid.device)[None, :] < counts[:, None]

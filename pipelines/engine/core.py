@@ -21,6 +21,7 @@ import torch
 from .decoders import Decoder, EncoderOutput
 from .drafters import DrafterFactory
 from .policies import CostMemory, PolicyOptions, make_policy
+from .rows import gather_rows
 from .rules import PAD_GEN_LEN, Rules, Sampling, apply_rules, to_probs
 
 
@@ -106,13 +107,29 @@ def add_logprobs(total: float, logits: torch.Tensor, tokens: list[int]) -> float
     return total
 
 
+def argmax_logprobs(logits: torch.Tensor) -> tuple[list[list[int]], list[list[float]]]:
+    """Per row and position of ``logits`` (B, n, V): the argmax id and log softmax(logits)[argmax], read to the
+    host together (one synchronisation). The log-probabilities have the bits of ``add_logprobs``' one-row
+    log_softmax (a row's log_softmax does not depend on the other rows)."""
+    best = torch.argmax(logits, dim=-1)
+    values = torch.log_softmax(logits, dim=-1).gather(-1, best[..., None])[..., 0]
+    ids, lps = torch.stack([best.double(), values.double()]).tolist()
+    return [[int(t) for t in row] for row in ids], lps
+
+
+def accepted_prefix(drafts: list[int], best: list[int]) -> int:
+    """The number of leading drafts equal to the main model's argmax at their positions (``best``)."""
+    n = 0
+    while n < len(drafts) and drafts[n] == best[n]:
+        n += 1
+    return n
+
+
 def accept_greedy(drafts: list[int], logits: torch.Tensor) -> tuple[int, int]:
     """logits (k+1, V) at the positions before each draft and after the last.
     Accept the longest prefix with d_j == argmax_j; the next token is the main model's argmax there."""
     best = torch.argmax(logits, dim=-1).tolist()
-    n = 0
-    while n < len(drafts) and drafts[n] == best[n]:
-        n += 1
+    n = accepted_prefix(drafts, best)
     return n, best[n]
 
 
@@ -208,36 +225,40 @@ class AssistedDecoder:
                 prompt_logits = logits[:, options.logits_at].clone()
             main_calls += 1
             width = max(len(dr) for dr in drafts) + 1
-            device = logits.device
-            sel = torch.full((len(alive), width, logits.shape[-1]), float("-inf"), device=device)
-            lens = torch.full((len(alive), width), PAD_GEN_LEN, dtype=torch.long, device=device)
-            for b, (p, dr) in enumerate(zip(pending, drafts)):
-                if not done[b]:
-                    sel[b, : len(dr) + 1] = logits[b, len(p) - 1 : len(p) + len(dr)]
-                    lens[b, : len(dr) + 1] = torch.arange(len(dr) + 1, device=device) + gen_lens[b]
+            # each live row's logits from its last pending token on: (B, width, V), -inf past its drafts
+            counts = [0 if done[b] else len(dr) + 1 for b, dr in enumerate(drafts)]
+            sel = gather_rows(logits, [max(len(p) - 1, 0) for p in pending], counts, width)
+            # gen_len per position, a host tensor: the rules decide on the host (apply_rules)
+            lens = torch.tensor([[g + j if j < c else PAD_GEN_LEN for j in range(width)] for g, c in zip(gen_lens, counts)],
+                                device="cpu")
             prefixes = None
             if rules.needs_prefix:
                 prefixes = [[seqs[b] + dr[:j] for j in range(len(dr) + 1)] for b, dr in enumerate(drafts)]
             apply_rules(rules, sel, lens, options.max_new_tokens, prefixes)
 
-            keep = torch.zeros(len(alive), logits.shape[1], dtype=torch.bool, device=device)
             accepted, emitted = [0] * len(alive), [[] for _ in alive]
+            if sampling is None:  # the argmax and its log-probability at every position: one read for the batch
+                best, best_lp = argmax_logprobs(sel)
             for b, (p, dr) in enumerate(zip(pending, drafts)):
                 if done[b]:
                     continue
                 row_logits = sel[b, : len(dr) + 1]
                 if sampling is None:
-                    n, nxt = accept_greedy(dr, row_logits)
+                    n = accepted_prefix(dr, best[b])
+                    emitted[b], done[b] = _truncate(dr[:n] + [best[b][n]], rules.eos, options.max_new_tokens - gen_lens[b])
+                    for value in best_lp[b][: len(emitted[b])]:  # in order, one token at a time (add_logprobs)
+                        logprobs[alive[b]] += value
                 else:
                     n, nxt = accept_sampling(dr, qs[b] if qs else [None] * len(dr), row_logits, sampling, generator)
-                emitted[b], done[b] = _truncate(dr[:n] + [nxt], rules.eos, options.max_new_tokens - gen_lens[b])
-                logprobs[alive[b]] = add_logprobs(logprobs[alive[b]], row_logits, emitted[b])
-                keep[b, : len(p) + n] = True
+                    emitted[b], done[b] = _truncate(dr[:n] + [nxt], rules.eos, options.max_new_tokens - gen_lens[b])
+                    logprobs[alive[b]] = add_logprobs(logprobs[alive[b]], row_logits, emitted[b])
                 accepted[b] = n
                 hist[n] += 1
                 drafted_total += len(dr)
                 accepted_total += n
-            cache.commit(keep)
+            kept = [0 if counts[b] == 0 else len(p) + accepted[b] for b, p in enumerate(pending)]
+            keep = torch.tensor([[j < k for j in range(logits.shape[1])] for k in kept], device=logits.device)
+            cache.commit(keep, kept)
             v_s = time.perf_counter() - t1
             verify_s += v_s
 

@@ -30,6 +30,7 @@ class Decoder:
     head returns logits over its draft vocabulary only: column c holds token ``vocab_ids[c]``."""
 
     fixed_batch = False  # True: the engine keeps finished rows in the batch (fixed shapes, see whisper.py)
+    device_steps = True  # ``forward_ids`` takes device tensors (a ragged cache); False: host lists only
 
     def __init__(self, model) -> None:
         self.model = model
@@ -62,7 +63,13 @@ class Decoder:
                 need_from: list[int] | None = None):
         """Logits (B, n, V) float32 for the new tokens ``chunks`` (one list a row) and the real-token flags (B, n).
         ``need_from``: per row, the first token whose logits are read (an adapter may skip the others)."""
-        ids, positions, real, allowed = cache.plan(chunks, pad_id, self.max_positions)
+        ids, real = cache.tensors_of(chunks, pad_id)
+        return self.forward_ids(ids, real, cache, enc)
+
+    def forward_ids(self, ids: torch.Tensor, real: torch.Tensor, cache: RaggedCache, enc: EncoderOutput | None):
+        """``forward`` for chunks already on the device: token ids (B, n) and real-token flags (B, n), real
+        tokens first in each row (a drafter feeds its own argmax back this way without reading it)."""
+        positions, allowed = cache.plan(real, self.max_positions)
         self._ragged = cache  # T5 reads the slot positions for its relative position bias
         logits = self._forward(ids, positions, additive_mask(allowed, self.dtype), cache.cache, enc)
         return logits.float(), real

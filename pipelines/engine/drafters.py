@@ -111,16 +111,24 @@ class ModelDrafter(Drafter):
         self.pending = [list(p) for p in prompts]
         return calls
 
-    def _choose(self, logits: torch.Tensor, sampling: Sampling | None, generator,
-                confidence: bool) -> tuple[int, torch.Tensor | None, float]:
-        """The draft token for one row from its next-token logits (over the draft head's columns), the
-        full-vocabulary distribution q it was drawn from (sampling only) and its probability (when a
-        confidence threshold asks for it)."""
+    def _choose_greedy(self, logits: torch.Tensor, confidence: bool) -> list[tuple[int, float]]:
+        """Per row of ``logits`` (B, V') (over the draft head's columns): the argmax token id and, when a
+        confidence threshold asks for it, its probability softmax(logits)[argmax] (else 1.0), read to the
+        host in one go."""
+        col = torch.argmax(logits, dim=-1)
+        if confidence:
+            p = torch.softmax(logits, dim=-1).gather(-1, col[:, None])[:, 0]
+            cols, ps = torch.stack([col.double(), p.double()]).tolist()
+        else:
+            cols = col.tolist()
+            ps = [1.0] * len(cols)
         ids = self.decoder.vocab_ids
-        if sampling is None:
-            col = int(torch.argmax(logits))
-            p_tok = float(torch.softmax(logits, dim=-1)[col]) if confidence else 1.0
-            return (col if ids is None else ids[col]), None, p_tok
+        return [((int(c) if ids is None else ids[int(c)]), p) for c, p in zip(cols, ps)]
+
+    def _sample(self, logits: torch.Tensor, sampling: Sampling, generator) -> tuple[int, torch.Tensor, float]:
+        """The draft token for one row drawn from its next-token logits (over the draft head's columns), the
+        full-vocabulary distribution q it was drawn from and its probability."""
+        ids = self.decoder.vocab_ids
         q = to_probs(logits, sampling)
         col = int(torch.multinomial(q, 1, generator=generator))
         p_tok = float(q[col])
@@ -132,6 +140,9 @@ class ModelDrafter(Drafter):
 
     def draft(self, ks, seqs, gen_lens, sampling, generator, stop_below) -> Drafts:
         start = time.perf_counter()
+        if sampling is None and self.lookup is None and not self.rules.needs_prefix and self.decoder.device_steps:
+            tokens, steps = self._draft_on_device(ks, gen_lens, stop_below)
+            return Drafts(tokens, None, steps, time.perf_counter() - start)
         rows = len(ks)
         tokens: list[list[int]] = [[] for _ in range(rows)]
         probs: list[list[torch.Tensor | None]] = [[] for _ in range(rows)]
@@ -147,19 +158,24 @@ class ModelDrafter(Drafter):
         steps = 0
         while any(active):
             logits, real = self.decoder.forward(feed, self.cache, self.enc, self.pad_id)
-            self.cache.commit(real)
+            self.cache.commit(real, [len(f) for f in feed])
             steps += 1
             last = real.sum(dim=1).clamp(min=1) - 1
             nxt = logits[torch.arange(rows, device=logits.device), last][:, None, :]  # (B, 1, V): next-token logits per row
             lens = torch.tensor([[gen_lens[b] + len(tokens[b]) if active[b] else PAD_GEN_LEN] for b in range(rows)],
-                                device=logits.device)
+                                device="cpu")  # the rules read it on the host
             prefixes = [[seqs[b] + tokens[b]] for b in range(rows)] if self.rules.needs_prefix else None
             apply_rules(self.rules, nxt, lens, self.max_new, prefixes, self.decoder.vocab_ids)
+            if sampling is None:  # every row's token (and its probability) in one read
+                chosen = self._choose_greedy(nxt[:, 0], stop_below is not None)
             for b in range(rows):
                 if not active[b]:
                     feed[b] = []
                     continue
-                tok, q, p_tok = self._choose(nxt[b, 0], sampling, generator, stop_below is not None)
+                if sampling is None:
+                    (tok, p_tok), q = chosen[b], None
+                else:
+                    tok, q, p_tok = self._sample(nxt[b, 0], sampling, generator)
                 tokens[b].append(tok)
                 probs[b].append(q)
                 stop = len(tokens[b]) >= ks[b] or tok in self.rules.eos or gen_lens[b] + len(tokens[b]) >= self.max_new
@@ -174,14 +190,64 @@ class ModelDrafter(Drafter):
         self._fed = [len(tokens[b]) - 1 if model_rows[b] else 0 for b in range(rows)]
         return Drafts(tokens, probs if sampling is not None else None, steps, time.perf_counter() - start)
 
+    def _draft_on_device(self, ks: list[int], gen_lens: list[int], stop_below: float | None) -> tuple[list[list[int]], int]:
+        """Greedy drafting whose steps never wait on the host: each step's argmax is fed back as a device
+        tensor, a row stops on the device (end of sequence, or a token below ``stop_below``) or at its
+        lookahead / the room before max_new_tokens (known on the host), and every step's tokens are read
+        once at the end. Returns the drafts per row and the forward passes run. The drafts equal the host
+        loop's (``draft``): the same logits, rules and argmax; only when they are read differs."""
+        rows, device = len(ks), self.decoder.device
+        room = [max(0, min(k, self.max_new - g)) for k, g in zip(ks, gen_lens)]  # drafts row b may take
+        eos = torch.tensor(self.rules.eos or (-1,), dtype=torch.long, device=device)
+        vocab = None
+        if self.decoder.vocab_ids is not None:
+            vocab = torch.tensor(self.decoder.vocab_ids, dtype=torch.long, device=device)
+        ids, real = self.cache.tensors_of([self.pending[b] if room[b] else [] for b in range(rows)], self.pad_id)
+        counts = [len(self.pending[b]) if room[b] else 0 for b in range(rows)]
+        alive = torch.tensor([r > 0 for r in room], dtype=torch.bool, device=device)
+        chosen, drafting = [], []
+        for j in range(max(room, default=0)):
+            logits, _ = self.decoder.forward_ids(ids, real, self.cache, self.enc)
+            self.cache.commit(real, counts)
+            last = real.sum(dim=1).clamp(min=1) - 1
+            nxt = logits[torch.arange(rows, device=device), last][:, None, :]  # (B, 1, V'): next-token logits
+            lens = torch.tensor([[gen_lens[b] + j if j < room[b] else PAD_GEN_LEN] for b in range(rows)],
+                                device="cpu")  # the rules read it on the host
+            apply_rules(self.rules, nxt, lens, self.max_new, None, self.decoder.vocab_ids)
+            col = torch.argmax(nxt[:, 0], dim=-1)
+            tok = col if vocab is None else vocab[col]
+            chosen.append(tok)
+            drafting.append(alive)  # rows whose token at step j is a draft
+            # a row stops after its last allowed draft, an end of sequence or (confidence) an unlikely token
+            stop = torch.tensor([j + 1 >= r for r in room], dtype=torch.bool, device=device)
+            stop = stop | (tok[:, None] == eos[None, :]).any(dim=1)
+            if stop_below is not None:
+                stop = stop | (torch.softmax(nxt[:, 0], dim=-1).gather(-1, col[:, None])[:, 0] < stop_below)
+            alive = alive & ~stop
+            ids, real = tok[:, None], alive[:, None]  # the next step feeds each row its own token
+            counts = [0] * rows  # fed on the device: counted below, once read
+        tokens: list[list[int]] = [[] for _ in range(rows)]
+        if chosen:
+            values, flags = torch.stack([torch.stack(chosen, dim=1), torch.stack(drafting, dim=1).long()]).tolist()
+            tokens = [[t for t, f in zip(v, g) if f] for v, g in zip(values, flags)]
+        for b in range(rows):
+            if room[b]:
+                self.pending[b] = []
+        # The assistant has fed every draft of a row but the last (drafting stops after choosing it).
+        self._fed = [max(len(t) - 1, 0) for t in tokens]
+        self.cache.add_counts(self._fed)
+        return tokens, len(chosen)
+
     def update(self, drafted, accepted, emitted) -> None:
         """Rejected drafts become holes in the assistant's cache; tokens emitted but not yet fed to it
         become the next round's first input."""
+        rejected = []
         for b, (a, e) in enumerate(zip(accepted, emitted)):
             fed = self._fed[b] if self._fed else 0  # no draft this round: nothing was fed
             kept = min(a, fed)
-            self.cache.rollback(b, fed - kept)
+            rejected.append(fed - kept)
             self.pending[b] = self.pending[b] + e[kept:]
+        self.cache.rollback_rows(rejected)
         self._fed = []
         self.cache.maybe_compact()
 

@@ -36,6 +36,7 @@ import torch
 
 from .cache import EncoderOutput
 from .decoders import Decoder
+from .rows import scatter_rows
 
 Tile = tuple[torch.Tensor, torch.Tensor, list[tuple[int, int, int]]]  # ids (B, w), positions (B, w), where
 
@@ -55,13 +56,19 @@ class FixedCache:
         self.capacity, self.device = capacity, device
         self.width = width  # columns per row in every pass of this request (part of its fixed shape)
 
-    def commit(self, keep: torch.Tensor) -> None:
-        """After a forward call: ``keep`` (B, n) marks the chunk's tokens that were accepted."""
-        self.next_pos = [p + n for p, n in zip(self.next_pos, keep.sum(dim=1).tolist())]
+    def commit(self, keep: torch.Tensor, counts: list[int] | None = None) -> None:
+        """After a forward call: ``keep`` (B, n) marks the chunk's tokens that were accepted (a prefix of each
+        row); ``counts``, when the caller knows them, are its rows' sums (no read from the device)."""
+        counts = keep.sum(dim=1).tolist() if counts is None else counts
+        self.next_pos = [p + n for p, n in zip(self.next_pos, counts)]
 
     def rollback(self, row: int, n: int) -> None:
         """Forget the last ``n`` tokens of ``row`` (their slots are written again by the next tokens)."""
         self.next_pos[row] -= max(0, n)
+
+    def rollback_rows(self, counts: list[int]) -> None:
+        """``rollback`` for every row at once: the last ``counts[b]`` tokens of row b."""
+        self.next_pos = [p - max(0, n) for p, n in zip(self.next_pos, counts)]
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (an assistant's cache; a fixed-shape main decoder keeps its batch whole)."""
@@ -82,6 +89,7 @@ class FixedShapeDecoder(Decoder):
     may prepare the cache."""
 
     fixed_batch = True  # the engine keeps finished rows in the batch (shapes stay fixed for the request)
+    device_steps = False  # tiles are built from host lists (``forward``)
     head_weight: torch.Tensor
     head_transposed: bool  # the head as (W h^T)^T rather than h W^T (set by the subclass)
 
@@ -92,9 +100,7 @@ class FixedShapeDecoder(Decoder):
         tokens before it go through the prompt pass, without the head. Columns not computed are 0."""
         batch, n = len(chunks), max(1, max(len(c) for c in chunks))
         device = self.head_weight.device
-        real = torch.zeros(batch, n, dtype=torch.bool, device=device)
-        for b, c in enumerate(chunks):
-            real[b, : len(c)] = True
+        real = torch.tensor([[j < len(c) for j in range(n)] for c in chunks], dtype=torch.bool, device=device)
         need = [min(max(0, f), len(c)) for f, c in zip(need_from or [0] * batch, chunks)]
         self._begin(cache, enc)
         if max(need):  # the prompt pass: tokens 0 .. need[b] - 1 of every row, width max(need)
@@ -107,8 +113,7 @@ class FixedShapeDecoder(Decoder):
             count = [max(0, min(width, len(c) - f)) for c, f in zip(chunks, first)]
             ids, positions, where = self._tile(chunks, first, count, width, cache.next_pos, pad_id)
             out = self._head(self._layers(ids, positions, where, cache)).float().view(batch, width, -1)
-            for b, col, j in where:
-                logits[b, j] = out[b, col]
+            scatter_rows(logits, out, where)  # each real token's logits to its chunk index
         return logits, real
 
     def _tile(self, chunks: list[list[int]], first: list[int], count: list[int], width: int, next_pos: list[int],

@@ -118,6 +118,17 @@ def rules_from_generation_config(gen, prompt_len: int, max_new_tokens: int) -> R
     )
 
 
+def _forbid(logits: torch.Tensor, where: torch.Tensor, columns: list[int]) -> None:
+    """logits[b, j, columns] = -inf at the (b, j) where ``where`` (a host mask) holds: integer indices, so the
+    device needs no synchronisation to size the selection."""
+    rows, cols = torch.nonzero(where, as_tuple=True)
+    if len(rows) and columns:
+        index = (rows.to(logits.device), cols.to(logits.device))
+        sub = logits[index]
+        sub[:, columns] = NEG_INF
+        logits[index] = sub
+
+
 def _force(scores: torch.Tensor, column: int | None) -> None:
     """Every column but ``column`` gets -inf (in place, one row); a token outside a reduced vocabulary
     (column None) leaves the row as it is: the draft may be wrong, verification decides."""
@@ -125,7 +136,7 @@ def _force(scores: torch.Tensor, column: int | None) -> None:
         return
     keep = scores[column].clone()
     scores.fill_(NEG_INF)
-    scores[column] = keep if torch.isfinite(keep) else 0.0
+    scores[column] = torch.where(torch.isfinite(keep), keep, torch.zeros_like(keep))
 
 
 def _column_of(vocab: Sequence[int] | None):
@@ -182,27 +193,21 @@ def apply_timestamp_rules(ts: TimestampRules, logits: torch.Tensor, states: list
 
 def apply_rules(rules: Rules, logits: torch.Tensor, gen_lens: torch.Tensor, max_new_tokens: int,
                 prefixes: list[list[list[int]]] | None = None, vocab: Sequence[int] | None = None) -> torch.Tensor:
-    """Constrain ``logits`` (B, n, V) in place; ``gen_lens`` (B, n) is each position's gen_len.
+    """Constrain ``logits`` (B, n, V) in place; ``gen_lens`` (B, n) is each position's gen_len (best a host
+    tensor: the rules read it on the host).
     ``prefixes[b][j]`` is the whole decoder sequence before position j (needed by processors and timestamp
     rules). ``vocab``: the sorted ids of the logits' columns when they cover a reduced vocabulary."""
+    lens = gen_lens.cpu()  # the callers build it on the host: decisions below read it without a device round trip
     if rules.suppress:
         logits[..., _columns(vocab, rules.suppress)] = NEG_INF
     if rules.begin_suppress:
-        first = gen_lens == 0
-        if first.any():
-            sub = logits[first]
-            sub[:, _columns(vocab, rules.begin_suppress)] = NEG_INF
-            logits[first] = sub
+        _forbid(logits, lens == 0, _columns(vocab, rules.begin_suppress))
     if rules.min_new_tokens and rules.eos:
-        early = gen_lens < rules.min_new_tokens
-        if early.any():
-            sub = logits[early]
-            sub[:, _columns(vocab, rules.eos)] = NEG_INF
-            logits[early] = sub
+        _forbid(logits, lens < rules.min_new_tokens, _columns(vocab, rules.eos))
     processors = rules.processors if vocab is None else ()
     if rules.forced_first is None and rules.forced_last is None and not processors and rules.timestamps is None:
         return logits
-    where = torch.nonzero(gen_lens < PAD_GEN_LEN).tolist()
+    where = torch.nonzero(lens < PAD_GEN_LEN).tolist()
     if rules.timestamps is not None and prefixes is not None and where:
         # (the order of transformers' list: suppressions, then timestamps, then the other processors)
         rows, cols = zip(*where)
@@ -211,7 +216,7 @@ def apply_rules(rules: Rules, logits: torch.Tensor, gen_lens: torch.Tensor, max_
         apply_timestamp_rules(rules.timestamps, flat, [rules.timestamps.state(prefixes[b][j]) for b, j in where], vocab)
         logits[index] = flat
     for b, j in where:
-        g = int(gen_lens[b, j])
+        g = int(lens[b, j])
         if rules.forced_first is not None and g == 0:
             _force(logits[b, j], _column(vocab, rules.forced_first))
         if rules.forced_last is not None and g == max_new_tokens - 1:

@@ -181,9 +181,10 @@ class WhisperDraftDecoder(LeanDecoder):
     def reads_encoder(self) -> bool:
         return True
 
-    def forward(self, chunks: list[list[int]], cache: RaggedCache, enc: EncoderOutput | None, pad_id: int,
-                need_from: list[int] | None = None):
-        ids, positions, real, allowed = cache.plan(chunks, pad_id, self.max_positions)
+    def forward_ids(self, ids: torch.Tensor, real: torch.Tensor, cache: RaggedCache, enc: EncoderOutput | None):
+        """Float32 logits (B, n, V) for the token ids (B, n) on the device and their real-token flags (B, n)
+        (``Decoder.forward_ids``)."""
+        positions, allowed = cache.plan(real, self.max_positions)
         store: LeanCache = cache.cache
         batch, n = ids.shape
         heads = self.heads

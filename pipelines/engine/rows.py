@@ -1,0 +1,52 @@
+"""Copying rows of logits between (rows, positions, vocabulary) tensors: the engine's per-round gathers.
+
+Two ways with the same values (they are copies): a slice copy per row, cheapest on a CPU, and one
+``index_select``/``index_copy_`` of whole rows, one kernel launch on an accelerator whatever the rows
+(the index is built on the host and copied once). ``indexed(device)`` picks between them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def indexed(device: torch.device) -> bool:
+    """Whether row copies on ``device`` go through one indexed copy (accelerators) or a copy per row (CPU)."""
+    return device.type != "cpu"
+
+
+def gather_rows(logits: torch.Tensor, starts: list[int], counts: list[int], width: int,
+                by_index: bool | None = None) -> torch.Tensor:
+    """(B, width, V) from ``logits`` (B, n, V): row b holds logits[b, starts[b] : starts[b] + counts[b]] from
+    column 0 and -inf after. ``by_index``: force one way (None: ``indexed``)."""
+    batch, n, vocab = logits.shape
+    device = logits.device
+    if not (indexed(device) if by_index is None else by_index):
+        sel = torch.full((batch, width, vocab), float("-inf"), device=device)
+        for b, (s, c) in enumerate(zip(starts, counts)):
+            if c:
+                sel[b, :c] = logits[b, s : s + c]
+        return sel
+    source = [b * n + s + min(j, max(c - 1, 0)) for b, (s, c) in enumerate(zip(starts, counts)) for j in range(width)]
+    empty = [b * width + j for b, c in enumerate(counts) for j in range(c, width)]
+    flat = logits.reshape(batch * n, vocab).index_select(0, torch.tensor(source, dtype=torch.long, device=device))
+    if empty:
+        flat.index_fill_(0, torch.tensor(empty, dtype=torch.long, device=device), float("-inf"))
+    return flat.view(batch, width, vocab)
+
+
+def scatter_rows(target: torch.Tensor, source: torch.Tensor, where: list[tuple[int, int, int]],
+                 by_index: bool | None = None) -> None:
+    """target[b, j] = source[b, c] for each (b, c, j) of ``where``, in place; target (B, n, V), source (B, w, V).
+    ``by_index``: force one way (None: ``indexed``)."""
+    if not where:
+        return
+    if not (indexed(target.device) if by_index is None else by_index):
+        for b, c, j in where:
+            target[b, j] = source[b, c]
+        return
+    batch, n, vocab = target.shape
+    w = source.shape[1]
+    src = torch.tensor([b * w + c for b, c, _ in where], dtype=torch.long, device=target.device)
+    dst = torch.tensor([b * n + j for b, _, j in where], dtype=torch.long, device=target.device)
+    target.view(batch * n, vocab).index_copy_(0, dst, source.reshape(batch * w, vocab).index_select(0, src))
