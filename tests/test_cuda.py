@@ -62,3 +62,75 @@ def test_assisted_equals_plain_on_cuda(speech_real, dtype, lookahead):
         results = list(transcribe(paths, pair, options, runner))
         assert all(r.ok for r in results), [r.error for r in results if not r.ok]
         assert all(r.identical for r in results), [r.path for r in results if not r.identical]
+
+
+def test_full_width_passes_replay_captured_graphs(cuda_runner, speech_real):
+    """On CUDA the main decoder's caches come from its graph pool with a captured pass (graphs.py), and
+    a second request of the same shape is lent the same cache and graph again."""
+    from pipelines.asr import TranscribeOptions, transcribe
+
+    decoder = cuda_runner.loaded.engine.main
+    assert decoder.graphs == "capture"
+    paths = [speech_real[0]["audio_path"]]
+    options = TranscribeOptions(device=cuda_runner.device, batch_size=1)
+    for _ in range(2):
+        assert all(r.ok for r in transcribe(paths, cuda_runner.pair, options, cuda_runner))
+    pooled = [c for caches in decoder._graph_pool.free.values() for c in caches]
+    assert pooled and all(c.graph is not None and c.graph.graph is not None for c in pooled)
+    assert len(pooled) == len(decoder._graph_pool.free)  # one cache per shape: lent again, not made again
+
+
+def test_at_most_two_synchronisations_a_round(cuda_runner, speech_real):
+    """torch's sync debug mode warns at every operation that waits for the GPU: a greedy round of the
+    engine waits twice (the drafts once, the verify pass's argmax once), whatever the rows."""
+    import warnings
+
+    import numpy as np
+
+    from pipelines.audio import load_audio
+    from pipelines.asr import TranscribeOptions
+    from pipelines.engine import PolicyOptions
+
+    audio = [load_audio(i["audio_path"]).astype(np.float32) for i in speech_real[:4]]
+    enc, _ = cuda_runner.encode_windows(audio)
+    prompt = cuda_runner.prompt("en", "transcribe", False)
+    options = TranscribeOptions(device=cuda_runner.device, policy=PolicyOptions("constant", 4))
+    cuda_runner.decode_encoded(enc, [prompt] * len(audio), False, options)  # warm: graphs captured
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            result = cuda_runner.decode_encoded(enc, [prompt] * len(audio), False, options)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) <= 2 * result.stats.rounds + 4, (len(syncs), result.stats.rounds)
+
+
+def test_graphs_replayed_with_ragged_rows_on_random_weights():
+    """No weights needed: a random-weight Whisper base-shaped pair (bench_shapes' models) on CUDA, the main
+    decoder's passes replayed from captured graphs, rows accepting different numbers of drafts (an oracle of
+    acceptance 0.6): assisted equals plain token for token, in bfloat16 and float32."""
+    import random
+
+    from pipelines.bench_shapes import PROMPT, SHAPES, oracle, random_whisper
+    from pipelines.engine import AssistedDecoder, DecodeOptions, PolicyOptions, Rules, as_decoder, model_drafter
+    from pipelines.engine.decoders import EncoderOutput
+
+    spec = SHAPES["whisper-base"]
+    for dtype in (torch.bfloat16, torch.float32):
+        main = as_decoder(random_whisper(spec, spec["decoder_layers"], dtype, "cuda", causal=False, seed=0))
+        assert main.graphs == "capture"
+        draft = model_drafter(as_decoder(random_whisper(spec, 2, dtype, "cuda", causal=True, seed=1), assistant=True),
+                              share_encoder=True, pad_id=0)
+        torch.manual_seed(2)
+        enc = EncoderOutput(torch.randn(3, 1500, spec["d_model"], dtype=dtype, device="cuda"), None)
+        options = DecodeOptions(max_new_tokens=40, policy=PolicyOptions("constant", 4))
+        plain = AssistedDecoder(main, None).generate([list(PROMPT)] * 3, Rules(), options, encoder_output=enc)
+        reference = [list(t) for t in plain.tokens]
+        engine = AssistedDecoder(main, oracle(draft, reference, 0.6, spec["vocab_size"], seed=random.randrange(100)))
+        result = engine.generate([list(PROMPT)] * 3, Rules(), options, encoder_output=enc)
+        assert [list(t) for t in result.tokens] == reference
+        assert len(set(result.stats.accepted_hist)) > 1  # rows accepted different numbers of drafts
+        pooled = [c for caches in main._graph_pool.free.values() for c in caches]
+        assert pooled and all(c.graph is not None and c.graph.graph is not None for c in pooled)

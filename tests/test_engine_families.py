@@ -95,6 +95,34 @@ def test_causal_families(kind, draft):
             assert got == [_trim_pad(r, main.config.eos_token_id, pad) for r in refs], (policy, batch)
 
 
+def test_causal_static_writes_and_pooled_caches():
+    """A causal main model on the CUDA-graph path's buffers, run eagerly (``graphs = "eager"``): static writes
+    with a scratch slot, caches lent by a pool and lent again; outputs equal generate's, plain and assisted."""
+    from pipelines.engine.causal import FixedCausalDecoder
+
+    main = make_causal("llama", layers=2, seed=0)
+    ids, mask = sources(4, seed=3)
+    prompts = [ids[b, : int(mask[b].sum())].tolist() for b in range(4)]
+    max_new = 20
+    refs = [main.generate(input_ids=torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                          do_sample=False, num_beams=1, max_new_tokens=max_new)[0].tolist()[len(p):] for p in prompts]
+    rules = rules_from_generation_config(main.generation_config, len(prompts[0]), max_new)
+    pad = main.config.pad_token_id
+    decoder = as_decoder(main)
+    assert isinstance(decoder, FixedCausalDecoder)
+    decoder.graphs = "eager"
+    helper = model_drafter(as_decoder(make_causal("llama", layers=1, seed=5), assistant=True), share_encoder=False, pad_id=pad)
+    for drafter in (None, helper):
+        engine = AssistedDecoder(decoder, drafter, pad_id=pad)
+        for batch in (1, 4):
+            got = []
+            for s in range(0, 4, batch):
+                r = engine.generate(prompts[s : s + batch], rules, DecodeOptions(max_new_tokens=max_new, policy=PolicyOptions("constant", 3)))
+                got += [list(t) for t in r.tokens]
+            assert got == [_trim_pad(r, main.config.eos_token_id, pad) for r in refs], (drafter, batch)
+    assert decoder._graph_pool.free and all(len(c) == 1 for c in decoder._graph_pool.free.values())
+
+
 def test_rows_that_stop_at_once_and_generation_rules():
     """A main model that strongly prefers EOS stops at once; min_new_tokens and no_repeat_ngram_size follow
     generate()'s rules exactly."""

@@ -180,6 +180,30 @@ def test_device_drafting_proposes_the_host_loops_drafts(setup):
         assert hists[0] == hists[1], policy
 
 
+def test_static_writes_and_pooled_caches_keep_outputs_exact(setup):
+    """The CUDA-graph path's buffers and writes, run eagerly on the CPU (``graphs = "eager"``): every column
+    writes a slot (padding the scratch one), caches are lent by a pool and lent again to the next request
+    (new cross-attention keys and values copied in). Plain and assisted equal Whisper's generate, batch 1
+    and 4, and a request of each shape gets back the cache the last one gave back."""
+    from pipelines.engine.whisper import WhisperDecoder
+
+    decoder, enc, refs, rules, drafters = setup
+    static = WhisperDecoder(decoder.model)
+    static.graphs = "eager"
+    drafter = drafters.get("distilled-lean", drafters["truncated-2l"])
+    for make in (None, drafter):
+        engine = AssistedDecoder(static, make, pad_id=EOT)
+        options = DecodeOptions(max_new_tokens=MAX_NEW, policy=PolicyOptions("constant", 3))
+        for rows in ([0], [1], [0, 1, 2, 3]):
+            result = engine.generate([PROMPT] * len(rows), rules, options, encoder_output=enc.select(torch.tensor(rows)))
+            assert [_strip_eot(list(t)) for t in result.tokens] == [refs[r] for r in rows]
+    pooled = static._graph_pool.free
+    assert sorted(pooled) == sorted({(1, 448, static.shape.width_for(1)), (4, 448, static.shape.width_for(4))})
+    assert all(len(caches) == 1 for caches in pooled.values())  # each lent again, never two of one shape
+    cache = pooled[(1, 448, static.shape.width_for(1))][0]
+    assert cache.slot_count == 449 and cache.graph is not None and cache.graph.graph is None  # eager: nothing captured
+
+
 def test_encoder_runs_once_and_is_shared(setup):
     decoder, enc, refs, rules, drafters = setup
     from pipelines.audio import load_audio  # noqa: F401  (the features come from the fixture)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .rows import from_host
+
 @dataclass(frozen=True)
 class EncoderOutput:
     hidden: torch.Tensor  # (B, S, D) encoder last hidden state
@@ -51,8 +53,8 @@ class RaggedCache:
         with ``pad_id``), built on the host and copied to the cache's device once."""
         n = max(1, max(len(c) for c in chunks))
         device = self.valid.device
-        ids = torch.tensor([c + [pad_id] * (n - len(c)) for c in chunks], dtype=torch.long, device=device)
-        real = torch.tensor([[j < len(c) for j in range(n)] for c in chunks], dtype=torch.bool, device=device)
+        ids = from_host([c + [pad_id] * (n - len(c)) for c in chunks], torch.long, device)
+        real = from_host([[j < len(c) for j in range(n)] for c in chunks], torch.bool, device)
         return ids, real
 
     def plan(self, real: torch.Tensor, max_pos: int | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,7 +98,7 @@ class RaggedCache:
         number of real slots from s on, (total - cumsum before s), is at most n."""
         if not any(c > 0 for c in counts):
             return
-        n = torch.tensor(counts, dtype=torch.long, device=self.valid.device)
+        n = from_host(counts, torch.long, self.valid.device)
         real = self.valid.long()
         from_here = real.sum(dim=1, keepdim=True) - real.cumsum(dim=1) + real  # real slots at s and after it
         self.valid = self.valid & (from_here > n[:, None])
@@ -112,6 +114,9 @@ class RaggedCache:
         self.valid = self.valid.index_select(0, rows)
         self.slot_pos = self.slot_pos.index_select(0, rows)
         self.next_pos = self.next_pos.index_select(0, rows)
+
+    def release(self) -> None:
+        """The request is over (a pooled static cache goes back to its pool; nothing to do here)."""
 
     def maybe_compact(self, threshold: float = 0.5) -> None:
         """Gather each row's real slots to the front when holes are more than ``threshold`` of the cache

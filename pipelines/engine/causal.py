@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from .fixed import FixedCache, FixedShapeDecoder
+from .rows import to_device
 
 FAMILIES = ("qwen2", "llama", "mistral")
 WIDTH = 4  # columns per pass: a 1.5B model's step reads ~3 GB of bfloat16 weights, about the same for 1 or 4 columns
@@ -66,20 +67,18 @@ class FixedCausalDecoder(FixedShapeDecoder):
         (same prompts, same limit) get the same one."""
         need = capacity or self.max_positions
         slots = min(self.max_positions, -(-need // CAPACITY_STEP) * CAPACITY_STEP)
-        return FixedCache(len(self.inner.layers), batch, slots, self.kv_heads, self.head_dim, self.dtype, self.device,
-                          self.width)
+        return self.make_cache(len(self.inner.layers), batch, slots, self.kv_heads, self.head_dim, self.width)
 
-    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, where: list[tuple[int, int, int]],
-                cache: FixedCache) -> torch.Tensor:
-        """The decoder layers over one tile (B, w): hidden states (B, w, D) after the final norm. The real
-        tokens' keys and values are written to their slots before attention reads the cache."""
+    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, write, cache: FixedCache) -> torch.Tensor:
+        """The decoder layers over one tile (B, w): hidden states (B, w, D) after the final norm. The tile's
+        keys and values are written to their slots (``writer``) before attention reads the cache."""
         device = self.device
-        ids, positions = ids.to(device), positions.to(device)
+        ids, positions = to_device(ids, device), to_device(positions, device)
         batch, w = ids.shape
         group = self.heads // self.kv_heads
-        rows, cols, slots = self.slots_of(positions, where)
+        store = self.writer(positions, write)
         # allowed[b, 0, g * w + c, s] = s <= position of column c (the query rows of a key/value head's group)
-        allowed = (torch.arange(cache.capacity, device=device)[None, None, :] <= positions[:, :, None])[:, None]
+        allowed = (torch.arange(cache.slot_count, device=device)[None, None, :] <= positions[:, :, None])[:, None]
         allowed = allowed.repeat(1, 1, group, 1)
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # (B, 1, w, Dh)
         x = self.inner.embed_tokens(ids)
@@ -91,8 +90,8 @@ class FixedCausalDecoder(FixedShapeDecoder):
             v = a.v_proj(h).view(batch, w, self.kv_heads, self.head_dim).transpose(1, 2)
             q = (q * cos + _rotate_half(q) * sin) * self.scaling
             k = k * cos + _rotate_half(k) * sin
-            keys[rows, :, slots] = k[rows, :, cols]
-            values[rows, :, slots] = v[rows, :, cols]
+            store(keys, k)
+            store(values, v)
             # grouped-query attention: query head h reads key/value head h // group, so the `group` query
             # heads of one key/value head go through one product as group * w rows
             q = q.reshape(batch, self.kv_heads, group * w, self.head_dim)

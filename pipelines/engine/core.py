@@ -21,7 +21,7 @@ import torch
 from .decoders import Decoder, EncoderOutput
 from .drafters import DrafterFactory
 from .policies import CostMemory, PolicyOptions, make_policy
-from .rows import gather_rows
+from .rows import from_host, gather_rows
 from .rules import PAD_GEN_LEN, Rules, Sampling, apply_rules, to_probs
 
 
@@ -257,7 +257,7 @@ class AssistedDecoder:
                 drafted_total += len(dr)
                 accepted_total += n
             kept = [0 if counts[b] == 0 else len(p) + accepted[b] for b, p in enumerate(pending)]
-            keep = torch.tensor([[j < k for j in range(logits.shape[1])] for k in kept], device=logits.device)
+            keep = from_host([[j < k for j in range(logits.shape[1])] for k in kept], torch.bool, logits.device)
             cache.commit(keep, kept)
             v_s = time.perf_counter() - t1
             verify_s += v_s
@@ -287,6 +287,7 @@ class AssistedDecoder:
                 policy.select(keep_rows)
             cache.maybe_compact(self.main.compact_at)
 
+        cache.release()
         total_s = time.perf_counter() - t_start
         stats = DecodeStats(
             rows=rows, new_tokens=sum(len(o) for o in out), rounds=n_rounds, main_calls=main_calls,

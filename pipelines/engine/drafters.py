@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .decoders import Decoder, EncoderOutput
+from .rows import from_host
 from .rules import PAD_GEN_LEN, Rules, Sampling, apply_rules, to_probs
 
 
@@ -190,6 +191,12 @@ class ModelDrafter(Drafter):
         self._fed = [len(tokens[b]) - 1 if model_rows[b] else 0 for b in range(rows)]
         return Drafts(tokens, probs if sampling is not None else None, steps, time.perf_counter() - start)
 
+    def _vocab_on_device(self) -> torch.Tensor:
+        """The draft head's column -> token id map on the device (built once)."""
+        if getattr(self, "_vocab", None) is None:
+            self._vocab = from_host(list(self.decoder.vocab_ids), torch.long, self.decoder.device)
+        return self._vocab
+
     def _draft_on_device(self, ks: list[int], gen_lens: list[int], stop_below: float | None) -> tuple[list[list[int]], int]:
         """Greedy drafting whose steps never wait on the host: each step's argmax is fed back as a device
         tensor, a row stops on the device (end of sequence, or a token below ``stop_below``) or at its
@@ -198,13 +205,13 @@ class ModelDrafter(Drafter):
         loop's (``draft``): the same logits, rules and argmax; only when they are read differs."""
         rows, device = len(ks), self.decoder.device
         room = [max(0, min(k, self.max_new - g)) for k, g in zip(ks, gen_lens)]  # drafts row b may take
-        eos = torch.tensor(self.rules.eos or (-1,), dtype=torch.long, device=device)
+        eos = from_host(self.rules.eos or (-1,), torch.long, device)
         vocab = None
         if self.decoder.vocab_ids is not None:
-            vocab = torch.tensor(self.decoder.vocab_ids, dtype=torch.long, device=device)
+            vocab = self._vocab_on_device()
         ids, real = self.cache.tensors_of([self.pending[b] if room[b] else [] for b in range(rows)], self.pad_id)
         counts = [len(self.pending[b]) if room[b] else 0 for b in range(rows)]
-        alive = torch.tensor([r > 0 for r in room], dtype=torch.bool, device=device)
+        alive = from_host([r > 0 for r in room], torch.bool, device)
         chosen, drafting = [], []
         for j in range(max(room, default=0)):
             logits, _ = self.decoder.forward_ids(ids, real, self.cache, self.enc)
@@ -219,7 +226,7 @@ class ModelDrafter(Drafter):
             chosen.append(tok)
             drafting.append(alive)  # rows whose token at step j is a draft
             # a row stops after its last allowed draft, an end of sequence or (confidence) an unlikely token
-            stop = torch.tensor([j + 1 >= r for r in room], dtype=torch.bool, device=device)
+            stop = from_host([j + 1 >= r for r in room], torch.bool, device)
             stop = stop | (tok[:, None] == eos[None, :]).any(dim=1)
             if stop_below is not None:
                 stop = stop | (torch.softmax(nxt[:, 0], dim=-1).gather(-1, col[:, None])[:, 0] < stop_below)
@@ -252,7 +259,7 @@ class ModelDrafter(Drafter):
         self.cache.maybe_compact()
 
     def select(self, keep: list[int]) -> None:
-        rows = torch.tensor(keep, dtype=torch.long, device=self.decoder.device)
+        rows = from_host(keep, torch.long, self.decoder.device)
         self.cache.select(rows)
         if self.enc is not None:
             self.enc = self.enc.select(rows)

@@ -36,7 +36,8 @@ import torch
 
 from .cache import EncoderOutput
 from .decoders import Decoder
-from .rows import scatter_rows
+from .graphs import GraphPool, PassGraph, graphs_enabled
+from .rows import from_host, scatter_rows, to_device
 
 Tile = tuple[torch.Tensor, torch.Tensor, list[tuple[int, int, int]]]  # ids (B, w), positions (B, w), where
 
@@ -47,14 +48,49 @@ class FixedCache:
     the next true position. Nothing is ever moved or compacted."""
 
     def __init__(self, layers: int, batch: int, capacity: int, heads: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device, width: int) -> None:
-        shape = (batch, heads, capacity, head_dim)
+                 device: torch.device, width: int, scratch: bool = False) -> None:
+        shape = (batch, heads, capacity + (1 if scratch else 0), head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.cross: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.next_pos = [0] * batch
         self.capacity, self.device = capacity, device
         self.width = width  # columns per row in every pass of this request (part of its fixed shape)
+        # static writes (graphs.py): padding columns write to one slot past the capacity, which no query sees
+        self.scratch: int | None = capacity if scratch else None
+        self.graph: PassGraph | None = None  # the captured full-width pass over these buffers
+        self._stale_cross = False  # lent again by a pool: the cross-attention buffers hold the last request's
+        self._pool: tuple[GraphPool, tuple] | None = None
+
+    @property
+    def slot_count(self) -> int:
+        """Slots per row in the buffers: the capacity, plus the scratch slot with static writes."""
+        return self.keys[0].shape[2]
+
+    def set_cross(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """The request's cross-attention keys and values; a pooled cache copies them into its buffers (its
+        graph reads those)."""
+        if self.cross is not None and self._stale_cross:
+            for (k, v), (new_k, new_v) in zip(self.cross, pairs):
+                k.copy_(new_k)
+                v.copy_(new_v)
+        else:
+            self.cross = pairs
+        self._stale_cross = False
+
+    def lend(self, pool: GraphPool, key: tuple) -> FixedCache:
+        """Start a request on this (pooled) cache: positions from 0, cross-attention to be set again."""
+        self.next_pos = [0] * len(self.next_pos)
+        self._stale_cross = self.cross is not None
+        self._pool = (pool, key)
+        return self
+
+    def release(self) -> None:
+        """The request is over: a pooled cache goes back to its pool."""
+        if self._pool is not None:
+            pool, key = self._pool
+            self._pool = None
+            pool.give(key, self)
 
     def commit(self, keep: torch.Tensor, counts: list[int] | None = None) -> None:
         """After a forward call: ``keep`` (B, n) marks the chunk's tokens that were accepted (a prefix of each
@@ -74,6 +110,7 @@ class FixedCache:
         """Keep only ``rows`` (an assistant's cache; a fixed-shape main decoder keeps its batch whole)."""
         self.keys = [k.index_select(0, rows) for k in self.keys]
         self.values = [v.index_select(0, rows) for v in self.values]
+        self.graph, self._pool = None, None  # new buffers: a graph of the old ones no longer applies
         if self.cross is not None:
             self.cross = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.cross]
         self.next_pos = [self.next_pos[i] for i in rows.tolist()]
@@ -93,6 +130,23 @@ class FixedShapeDecoder(Decoder):
     head_weight: torch.Tensor
     head_transposed: bool  # the head as (W h^T)^T rather than h W^T (set by the subclass)
 
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        # "capture": pooled static caches whose full-width passes replay a CUDA graph (graphs.py); "eager": the
+        # same static buffers and writes without capture (tests on a CPU); None: a fresh cache per request
+        self.graphs: str | None = "capture" if graphs_enabled(self.device) else None
+        self._graph_pool = GraphPool()
+
+    def make_cache(self, layers: int, batch: int, capacity: int, heads: int, head_dim: int, width: int) -> FixedCache:
+        """The request's static cache (``new_cache`` of the subclasses): fresh, or with graphs one lent by
+        the pool of this shape (given back by ``FixedCache.release``)."""
+        if self.graphs is None:
+            return FixedCache(layers, batch, capacity, heads, head_dim, self.dtype, self.device, width)
+        key = (batch, capacity, width)
+        cache = self._graph_pool.take(key, lambda: FixedCache(layers, batch, capacity, heads, head_dim, self.dtype,
+                                                              self.device, width, scratch=True))
+        return cache.lend(self._graph_pool, key)
+
     def forward(self, chunks: list[list[int]], cache: FixedCache, enc: EncoderOutput | None, pad_id: int,
                 need_from: list[int] | None = None):
         """Logits (B, n, V) float32 on the model's device for ``chunks`` (one list of new tokens per row, n the
@@ -100,7 +154,7 @@ class FixedShapeDecoder(Decoder):
         tokens before it go through the prompt pass, without the head. Columns not computed are 0."""
         batch, n = len(chunks), max(1, max(len(c) for c in chunks))
         device = self.head_weight.device
-        real = torch.tensor([[j < len(c) for j in range(n)] for c in chunks], dtype=torch.bool, device=device)
+        real = from_host([[j < len(c) for j in range(n)] for c in chunks], torch.bool, device)
         need = [min(max(0, f), len(c)) for f, c in zip(need_from or [0] * batch, chunks)]
         self._begin(cache, enc)
         if max(need):  # the prompt pass: tokens 0 .. need[b] - 1 of every row, width max(need)
@@ -112,7 +166,11 @@ class FixedShapeDecoder(Decoder):
             first = [m + i * width for m in need]
             count = [max(0, min(width, len(c) - f)) for c, f in zip(chunks, first)]
             ids, positions, where = self._tile(chunks, first, count, width, cache.next_pos, pad_id)
-            out = self._head(self._layers(ids, positions, where, cache)).float().view(batch, width, -1)
+            if cache.scratch is None:
+                out = self._head(self._layers(ids, positions, where, cache)).float()
+            else:  # static writes: every column writes a slot (padding the scratch one); replayed with graphs
+                out = self._graph_of(cache, batch)(ids, positions, self._static_slots(positions, where, cache.scratch))
+            out = out.view(batch, width, -1)
             scatter_rows(logits, out, where)  # each real token's logits to its chunk index
         return logits, real
 
@@ -132,19 +190,53 @@ class FixedShapeDecoder(Decoder):
             where += [(b, col, f + col) for col in range(m)]
         return ids, positions, where
 
+    def _graph_of(self, cache: FixedCache, batch: int) -> PassGraph:
+        """The cache's full-width pass, captured on first use (before any real pass of that width)."""
+        if cache.graph is None:
+            def run(ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+                return self._head(self._layers(ids, positions, slots, cache)).float()
+
+            cache.graph = PassGraph(run, batch, cache.width, cache.scratch, self.device, capture=self.graphs == "capture")
+        return cache.graph
+
+    @staticmethod
+    def _static_slots(positions: torch.Tensor, where: list[tuple[int, int, int]], scratch: int) -> torch.Tensor:
+        """(B, w) host tensor: the slot each column writes, its true position for a real token, ``scratch`` else."""
+        slots = torch.full(positions.shape, scratch, dtype=torch.long, device="cpu")  # host-built, as _tile's
+        for b, col, _ in where:
+            slots[b, col] = positions[b, col]
+        return slots
+
+    def writer(self, positions: torch.Tensor, write):
+        """``store(buffer, new)``: writes a tile's keys or values ``new`` (B, H, w, Dh) into ``buffer`` (B, H, S, Dh).
+        ``write``: the tile's ``where`` (only real tokens write, at their positions) or a (B, w) slot per column
+        (static writes: a fixed shape, padding columns to the scratch slot)."""
+        if isinstance(write, torch.Tensor):
+            slots = to_device(write, positions.device)
+            rows = torch.arange(slots.shape[0], device=positions.device)[:, None]
+
+            def store(buffer: torch.Tensor, new: torch.Tensor) -> None:
+                buffer[rows, :, slots] = new.transpose(1, 2)  # (B, w, H, Dh) at [b, :, slots[b, c]]
+        else:
+            rows, cols, slots = self.slots_of(positions, write)
+
+            def store(buffer: torch.Tensor, new: torch.Tensor) -> None:
+                buffer[rows, :, slots] = new[rows, :, cols]
+        return store
+
     def _begin(self, cache: FixedCache, enc: EncoderOutput | None) -> None:
         """Per-request preparation before the first pass (e.g. cross-attention keys and values)."""
 
-    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, where: list[tuple[int, int, int]],
-                cache: FixedCache) -> torch.Tensor:  # pragma: no cover - abstract
+    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, write, cache: FixedCache) -> torch.Tensor:  # pragma: no cover - abstract
+        """The decoder layers over one tile; ``write`` as ``writer`` takes it."""
         raise NotImplementedError
 
     @staticmethod
     def slots_of(positions: torch.Tensor, where: list[tuple[int, int, int]]):
         """(rows, cols, slots) index tensors of the real tokens of a tile: their cache slot is their position."""
         device = positions.device
-        rows = torch.tensor([b for b, _, _ in where], dtype=torch.long, device=device)
-        cols = torch.tensor([c for _, c, _ in where], dtype=torch.long, device=device)
+        rows = from_host([b for b, _, _ in where], torch.long, device)
+        cols = from_host([c for _, c, _ in where], torch.long, device)
         return rows, cols, positions[rows, cols]
 
     @staticmethod

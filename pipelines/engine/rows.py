@@ -1,6 +1,10 @@
-"""Copying rows of logits between (rows, positions, vocabulary) tensors: the engine's per-round gathers.
+"""Host-built tensors and row copies of logits: the engine's per-round index work.
 
-Two ways with the same values (they are copies): a slice copy per row, cheapest on a CPU, and one
+``from_host`` builds a tensor from Python lists on the host and copies it to the device without waiting:
+on CUDA a blocking host-to-device copy (``torch.tensor(..., device="cuda")``) synchronises the stream
+like a read does, so every index a round builds goes through it.
+
+Row copies between (rows, positions, vocabulary) tensors, two ways with the same values (they are copies): a slice copy per row, cheapest on a CPU, and one
 ``index_select``/``index_copy_`` of whole rows, one kernel launch on an accelerator whatever the rows
 (the index is built on the host and copied once). ``indexed(device)`` picks between them.
 """
@@ -8,6 +12,17 @@ Two ways with the same values (they are copies): a slice copy per row, cheapest 
 from __future__ import annotations
 
 import torch
+
+
+def from_host(data, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """``data`` (nested lists of numbers) as a tensor on ``device``: built on the host, then one non-blocking
+    copy (no stream synchronisation; safe from pageable memory, which CUDA stages before returning)."""
+    return to_device(torch.tensor(data, dtype=dtype, device="cpu"), device)
+
+
+def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A host tensor on ``device`` without a stream synchronisation (itself on a CPU)."""
+    return tensor.to(device, non_blocking=True)
 
 
 def indexed(device: torch.device) -> bool:
@@ -29,9 +44,9 @@ def gather_rows(logits: torch.Tensor, starts: list[int], counts: list[int], widt
         return sel
     source = [b * n + s + min(j, max(c - 1, 0)) for b, (s, c) in enumerate(zip(starts, counts)) for j in range(width)]
     empty = [b * width + j for b, c in enumerate(counts) for j in range(c, width)]
-    flat = logits.reshape(batch * n, vocab).index_select(0, torch.tensor(source, dtype=torch.long, device=device))
+    flat = logits.reshape(batch * n, vocab).index_select(0, from_host(source, torch.long, device))
     if empty:
-        flat.index_fill_(0, torch.tensor(empty, dtype=torch.long, device=device), float("-inf"))
+        flat.index_fill_(0, from_host(empty, torch.long, device), float("-inf"))
     return flat.view(batch, width, vocab)
 
 
@@ -47,6 +62,6 @@ def scatter_rows(target: torch.Tensor, source: torch.Tensor, where: list[tuple[i
         return
     batch, n, vocab = target.shape
     w = source.shape[1]
-    src = torch.tensor([b * w + c for b, c, _ in where], dtype=torch.long, device=target.device)
-    dst = torch.tensor([b * n + j for b, _, j in where], dtype=torch.long, device=target.device)
+    src = from_host([b * w + c for b, c, _ in where], torch.long, target.device)
+    dst = from_host([b * n + j for b, _, j in where], torch.long, target.device)
     target.view(batch * n, vocab).index_copy_(0, dst, source.reshape(batch * w, vocab).index_select(0, src))

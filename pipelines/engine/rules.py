@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .rows import from_host, to_device
+
 NEG_INF = float("-inf")
 PAD_GEN_LEN = 1 << 30  # gen_len given to padding positions: no rule applies there
 
@@ -123,9 +125,9 @@ def _forbid(logits: torch.Tensor, where: torch.Tensor, columns: list[int]) -> No
     device needs no synchronisation to size the selection."""
     rows, cols = torch.nonzero(where, as_tuple=True)
     if len(rows) and columns:
-        index = (rows.to(logits.device), cols.to(logits.device))
+        index = (to_device(rows, logits.device), to_device(cols, logits.device))
         sub = logits[index]
-        sub[:, columns] = NEG_INF
+        sub[:, from_host(columns, torch.long, logits.device)] = NEG_INF
         logits[index] = sub
 
 
@@ -199,7 +201,7 @@ def apply_rules(rules: Rules, logits: torch.Tensor, gen_lens: torch.Tensor, max_
     rules). ``vocab``: the sorted ids of the logits' columns when they cover a reduced vocabulary."""
     lens = gen_lens.cpu()  # the callers build it on the host: decisions below read it without a device round trip
     if rules.suppress:
-        logits[..., _columns(vocab, rules.suppress)] = NEG_INF
+        logits[..., from_host(_columns(vocab, rules.suppress), torch.long, logits.device)] = NEG_INF
     if rules.begin_suppress:
         _forbid(logits, lens == 0, _columns(vocab, rules.begin_suppress))
     if rules.min_new_tokens and rules.eos:
@@ -211,7 +213,7 @@ def apply_rules(rules: Rules, logits: torch.Tensor, gen_lens: torch.Tensor, max_
     if rules.timestamps is not None and prefixes is not None and where:
         # (the order of transformers' list: suppressions, then timestamps, then the other processors)
         rows, cols = zip(*where)
-        index = (torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device))
+        index = (from_host(rows, torch.long, logits.device), from_host(cols, torch.long, logits.device))
         flat = logits[index]
         apply_timestamp_rules(rules.timestamps, flat, [rules.timestamps.state(prefixes[b][j]) for b, j in where], vocab)
         logits[index] = flat

@@ -17,6 +17,7 @@ from ..devices import cpu_info
 from .cache import LeanCache, RaggedCache
 from .decoders import Decoder, EncoderOutput
 from .fixed import FixedCache, FixedShapeDecoder
+from .rows import to_device
 from .lean import LeanDecoder, Linear, int8_available  # noqa: F401  (int8_available: re-exported for tests)
 
 @dataclass(frozen=True)
@@ -100,12 +101,12 @@ class WhisperDecoder(FixedShapeDecoder):
         """Always the model's 448 positions, and the width for ``batch`` rows (``StepShape.width_for``): the shape
         every pass of the request then shares."""
         d = self.config.d_model
-        return FixedCache(len(self.decoder.layers), batch, self.max_positions, self.heads, d // self.heads, self.dtype,
-                          self.device, self.width or self.shape.width_for(batch))
+        return self.make_cache(len(self.decoder.layers), batch, self.max_positions, self.heads, d // self.heads,
+                               self.width or self.shape.width_for(batch))
 
     def _begin(self, cache: FixedCache, enc: EncoderOutput | None) -> None:
-        if cache.cross is None:
-            cache.cross = [self._cross(layer, enc.hidden) for layer in self.decoder.layers]
+        if cache.cross is None or cache._stale_cross:
+            cache.set_cross([self._cross(layer, enc.hidden) for layer in self.decoder.layers])
 
     def _cross(self, layer, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         a = layer.encoder_attn
@@ -115,24 +116,22 @@ class WhisperDecoder(FixedShapeDecoder):
         """(B, T, D) -> (B, H, T, D/H), contiguous."""
         return t.view(t.shape[0], t.shape[1], self.heads, -1).transpose(1, 2).contiguous()
 
-    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, where: list[tuple[int, int, int]],
-                cache: FixedCache) -> torch.Tensor:
+    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, write, cache: FixedCache) -> torch.Tensor:
         """The decoder layers over one tile (B, w): hidden states (B, w, D) after the final layer norm. The
-        real tokens' keys and values are written to their slots before attention reads the cache."""
+        tile's keys and values are written to their slots (``writer``) before attention reads the cache."""
         dec, device = self.decoder, self.device
-        ids, positions = ids.to(device), positions.to(device)
-        batch, w = ids.shape
-        rows, cols, slots = self.slots_of(positions, where)
+        ids, positions = to_device(ids, device), to_device(positions, device)
+        store = self.writer(positions, write)
         # allowed[b, 0, c, s] = s <= position of column c: a query sees the slots up to its own position
-        allowed = (torch.arange(cache.capacity, device=device)[None, None, :] <= positions[:, :, None])[:, None]
+        allowed = (torch.arange(cache.slot_count, device=device)[None, None, :] <= positions[:, :, None])[:, None]
         x = dec.embed_tokens(ids) + dec.embed_positions.weight[positions]
         for layer, keys, values, (cross_k, cross_v) in zip(dec.layers, cache.keys, cache.values, cache.cross):
             a, c = layer.self_attn, layer.encoder_attn
             h = layer.self_attn_layer_norm(x)
             q = self._split(a.q_proj(h) * a.scaling)
             k, v = self._split(a.k_proj(h)), self._split(a.v_proj(h))
-            keys[rows, :, slots] = k[rows, :, cols]
-            values[rows, :, slots] = v[rows, :, cols]
+            store(keys, k)
+            store(values, v)
             x = x + a.out_proj(self.merge_heads(self.attend(q, keys, values, allowed)))
             q = self._split(c.q_proj(layer.encoder_attn_layer_norm(x)) * c.scaling)
             x = x + c.out_proj(self.merge_heads(self.attend(q, cross_k, cross_v, None)))

@@ -1,0 +1,92 @@
+"""CUDA graphs for the fixed-shape main decoder's passes: the GPU fast path.
+
+On a GPU an eager decoder step is mostly kernel launches and host work (``../shared/notes/gpu.md``: 80-95%
+of a Whisper base step), so a draft step costs nearly a main step and speculation cannot pay. A
+``FixedShapeDecoder`` pass is already a pure function of three (rows, width) tensors (token ids, true
+positions, the cache slot each column writes) over buffers whose shapes are fixed for a request (the static
+key/value cache, the cross-attention keys and values): what a CUDA graph needs. As gpt-fast does with
+``torch.compile(mode="reduce-overhead")``, each (rows, width, capacity) shape is captured once into a
+``torch.cuda.CUDAGraph`` over buffers that stay allocated (``GraphPool``) and every full-width pass replays
+it: one launch for the whole decoder and head.
+
+Exactness. Every full-width pass of every request on a pooled cache replays the same graph (the same
+kernels, shapes and inputs as an eager pass of that shape would run, whatever the lookahead), so plain
+and assisted decoding keep their common bits; the eager warm-up runs before capture write only the
+scratch slot. Padding columns write their keys and values to that scratch slot (one slot past the
+capacity, which no query is allowed to see), so the writes have a fixed shape too.
+
+Used only on CUDA, unless ``TANDEM_CUDA_GRAPHS=0``. ``capture=False`` runs the same buffers eagerly
+(the CPU tests of everything but the capture itself).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+
+import torch
+
+Pass = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (ids, positions, slots) -> logits
+
+
+def graphs_enabled(device: torch.device) -> bool:
+    """Whether fixed-shape decoders on ``device`` replay CUDA graphs: CUDA devices, unless $TANDEM_CUDA_GRAPHS is 0."""
+    return device.type == "cuda" and os.environ.get("TANDEM_CUDA_GRAPHS", "1") != "0"
+
+
+class PassGraph:
+    """One pass shape, captured: static input buffers (ids, positions, slots: (B, W) long) and the output
+    (B * W, V) float32 the graph writes; ``__call__`` copies the inputs in and replays. The output is
+    overwritten by the next call: read it before. ``capture=False``: the same buffers, run eagerly."""
+
+    def __init__(self, run: Pass, rows: int, width: int, scratch: int, device: torch.device, capture: bool = True) -> None:
+        self.run, self.capture = run, capture
+        self.ids = torch.zeros(rows, width, dtype=torch.long, device=device)
+        self.positions = torch.zeros(rows, width, dtype=torch.long, device=device)
+        self.slots = torch.full((rows, width), scratch, dtype=torch.long, device=device)  # warm-up writes: scratch only
+        self.graph = None
+        self.output: torch.Tensor | None = None
+        if capture:
+            # warm-up on a side stream (cuBLAS handles, the allocator's pools), then capture (PyTorch's recipe)
+            stream = torch.cuda.Stream(device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    run(self.ids, self.positions, self.slots)
+            torch.cuda.current_stream(device).wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.output = run(self.ids, self.positions, self.slots)
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        self.ids.copy_(ids, non_blocking=True)
+        self.positions.copy_(positions, non_blocking=True)
+        self.slots.copy_(slots, non_blocking=True)
+        if self.graph is None:
+            self.output = self.run(self.ids, self.positions, self.slots)
+        else:
+            self.graph.replay()
+        return self.output
+
+
+class GraphPool:
+    """Static caches with their captured pass, kept per (rows, capacity, width) and lent to one request at
+    a time (``take``/``give``): a graph reads and writes its cache's buffers, so a cache in use is never lent
+    twice; a request that finds none free gets a new one (captured too: every request of a shape runs the
+    same kernels)."""
+
+    def __init__(self) -> None:
+        self.free: dict[tuple, list] = {}
+        self.lock = threading.Lock()
+
+    def take(self, key: tuple, make: Callable[[], object]):
+        with self.lock:
+            entries = self.free.get(key)
+            if entries:
+                return entries.pop()
+        return make()
+
+    def give(self, key: tuple, cache) -> None:
+        with self.lock:
+            self.free.setdefault(key, []).append(cache)
