@@ -143,12 +143,17 @@ def _count_host_reads():
 
 
 @pytest.mark.parametrize("rows", [1, 4])
-def test_two_host_reads_a_round_whatever_the_rows_and_lookahead(setup, rows):
-    """Greedy rounds read the device twice, however many rows and drafts: the drafts once (the drafter feeds
-    its argmax back on the device), the verify pass's argmax and log-probabilities once. Outputs unchanged."""
+def test_two_host_reads_a_round_whatever_the_rows_and_lookahead(setup, rows, monkeypatch):
+    """With an accelerator's strategies (``rows.indexed``: on a CPU reads cost nothing, so there the engine
+    also reads the argmax before the log-probabilities and checks each draft step for rows left), greedy
+    rounds read the device twice, however many rows and drafts: the drafts once (the drafter feeds its argmax
+    back on the device), the verify pass's argmax and log-probabilities once. Outputs unchanged."""
+    from pipelines.engine import rows as row_copies
+
     decoder, enc, refs, rules, drafters = setup
     if "distilled-lean" not in drafters:
         pytest.skip("the distilled assistant is not shipped")
+    monkeypatch.setattr(row_copies, "indexed", lambda device: True)
     engine = AssistedDecoder(decoder, drafters["distilled-lean"], pad_id=EOT)
     for k in (2, 5):
         options = DecodeOptions(max_new_tokens=MAX_NEW, policy=PolicyOptions("constant", k))
@@ -161,7 +166,8 @@ def test_two_host_reads_a_round_whatever_the_rows_and_lookahead(setup, rows):
 
 def test_device_drafting_proposes_the_host_loops_drafts(setup):
     """The drafter's device-side greedy loop and its host loop (taken where rules need each prefix) propose
-    the same tokens: the same acceptance in every round."""
+    the same tokens: the same acceptance in every round, and on a CPU the same draft passes (the device loop
+    ends when every row has stopped, here by the confidence threshold or end of sequence)."""
     decoder, enc, refs, rules, drafters = setup
     if "distilled-lean" not in drafters:
         pytest.skip("the distilled assistant is not shipped")
@@ -176,7 +182,7 @@ def test_device_drafting_proposes_the_host_loops_drafts(setup):
             result = engine.generate([PROMPT] * 3, rules, options, encoder_output=enc.select(torch.arange(3)))
             assert [_strip_eot(list(t)) for t in result.tokens] == refs[:3]
             s = result.stats
-            hists.append((s.drafted, s.accepted, s.accepted_hist, s.rounds))
+            hists.append((s.drafted, s.accepted, s.accepted_hist, s.rounds, s.draft_calls, result.sum_logprobs))
         assert hists[0] == hists[1], policy
 
 

@@ -106,11 +106,12 @@ class RaggedCache:
         if self._real is not None:
             self._real = [r - c for r, c in zip(self._real, counts)]
 
-    def select(self, rows: torch.Tensor) -> None:
-        """Keep only ``rows`` (finished rows leave the batch and cost nothing more)."""
+    def select(self, rows: torch.Tensor, host_rows: list[int] | None = None) -> None:
+        """Keep only ``rows`` (finished rows leave the batch and cost nothing more); ``host_rows``: the same
+        indices as a list, when the caller has them (no read from the device)."""
         self.cache.reorder_cache(rows)
         if self._real is not None:
-            self._real = [self._real[i] for i in rows.tolist()]
+            self._real = [self._real[i] for i in (rows.tolist() if host_rows is None else host_rows)]
         self.valid = self.valid.index_select(0, rows)
         self.slot_pos = self.slot_pos.index_select(0, rows)
         self.next_pos = self.next_pos.index_select(0, rows)

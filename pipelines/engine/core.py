@@ -21,6 +21,7 @@ import torch
 from .decoders import Decoder, EncoderOutput
 from .drafters import DrafterFactory
 from .policies import CostMemory, PolicyOptions, make_policy
+from . import rows as row_ops
 from .rows import from_host, gather_rows
 from .rules import PAD_GEN_LEN, Rules, Sampling, apply_rules, to_probs
 
@@ -117,6 +118,22 @@ def argmax_logprobs(logits: torch.Tensor) -> tuple[list[list[int]], list[list[fl
     return [[int(t) for t in row] for row in ids], lps
 
 
+def logprobs_at(logits: torch.Tensor, best: list[list[int]], counts: list[int]) -> list[list[float]]:
+    """log softmax(logits[b, j])[best[b][j]] for j < counts[b], per row (one read), computing the softmax
+    only at those positions: ``argmax_logprobs``' values where the argmax was read first (a CPU)."""
+    batch, width, vocab = logits.shape
+    where = [(b, j) for b, c in enumerate(counts) for j in range(c)]
+    if not where:
+        return [[] for _ in range(batch)]
+    flat = logits.reshape(batch * width, vocab).index_select(0, from_host([b * width + j for b, j in where], torch.long, logits.device))
+    tokens = from_host([[best[b][j]] for b, j in where], torch.long, logits.device)
+    values = torch.log_softmax(flat, dim=-1).gather(-1, tokens)[:, 0].double().tolist()
+    out: list[list[float]] = [[] for _ in range(batch)]
+    for (b, _), value in zip(where, values):
+        out[b].append(value)
+    return out
+
+
 def accepted_prefix(drafts: list[int], best: list[int]) -> int:
     """The number of leading drafts equal to the main model's argmax at their positions (``best``)."""
     n = 0
@@ -202,92 +219,103 @@ class AssistedDecoder:
         n_rounds = main_calls = draft_calls = drafted_total = accepted_total = 0
         draft_s = verify_s = 0.0
 
-        while not all(done):
-            n_rounds += 1
-            gen_lens = [len(s) - pl for s, pl in zip(seqs, prompt_lens)]
-            ks = policy.next_k(len(alive)) if drafter is not None else [0] * len(alive)
-            ks = [0 if d else min(k, options.max_new_tokens - g - 1) for k, g, d in zip(ks, gen_lens, done)]
-            if drafter is not None and any(k > 0 for k in ks):
-                d = drafter.draft(ks, seqs, gen_lens, sampling, generator, policy.stop_below)
-                drafts, qs, draft_calls, draft_s = d.tokens, d.probs, draft_calls + d.steps, draft_s + d.seconds
-                d_s = d.seconds
-            else:
-                drafts, qs, d_s = [[] for _ in alive], None, 0.0
-
-            # verify: one main pass over pending + drafts; logits from the last pending token on
-            t1 = time.perf_counter()
-            chunks = [p + dr for p, dr in zip(pending, drafts)]
-            need = [len(p) - 1 for p in pending]
-            if n_rounds == 1 and options.logits_at is not None:  # the prompt's own logits from that index on
-                need = [min(n, options.logits_at) for n in need]
-            logits, _ = self.main.forward(chunks, cache, enc, self.pad_id, need_from=need)
-            if n_rounds == 1 and options.logits_at is not None:
-                prompt_logits = logits[:, options.logits_at].clone()
-            main_calls += 1
-            width = max(len(dr) for dr in drafts) + 1
-            # each live row's logits from its last pending token on: (B, width, V), -inf past its drafts
-            counts = [0 if done[b] else len(dr) + 1 for b, dr in enumerate(drafts)]
-            sel = gather_rows(logits, [max(len(p) - 1, 0) for p in pending], counts, width)
-            # gen_len per position, a host tensor: the rules decide on the host (apply_rules)
-            lens = torch.tensor([[g + j if j < c else PAD_GEN_LEN for j in range(width)] for g, c in zip(gen_lens, counts)],
-                                device="cpu")
-            prefixes = None
-            if rules.needs_prefix:
-                prefixes = [[seqs[b] + dr[:j] for j in range(len(dr) + 1)] for b, dr in enumerate(drafts)]
-            apply_rules(rules, sel, lens, options.max_new_tokens, prefixes)
-
-            accepted, emitted = [0] * len(alive), [[] for _ in alive]
-            if sampling is None:  # the argmax and its log-probability at every position: one read for the batch
-                best, best_lp = argmax_logprobs(sel)
-            for b, (p, dr) in enumerate(zip(pending, drafts)):
-                if done[b]:
-                    continue
-                row_logits = sel[b, : len(dr) + 1]
-                if sampling is None:
-                    n = accepted_prefix(dr, best[b])
-                    emitted[b], done[b] = _truncate(dr[:n] + [best[b][n]], rules.eos, options.max_new_tokens - gen_lens[b])
-                    for value in best_lp[b][: len(emitted[b])]:  # in order, one token at a time (add_logprobs)
-                        logprobs[alive[b]] += value
+        try:
+            while not all(done):
+                n_rounds += 1
+                gen_lens = [len(s) - pl for s, pl in zip(seqs, prompt_lens)]
+                ks = policy.next_k(len(alive)) if drafter is not None else [0] * len(alive)
+                ks = [0 if d else min(k, options.max_new_tokens - g - 1) for k, g, d in zip(ks, gen_lens, done)]
+                if drafter is not None and any(k > 0 for k in ks):
+                    d = drafter.draft(ks, seqs, gen_lens, sampling, generator, policy.stop_below)
+                    drafts, qs, draft_calls, draft_s = d.tokens, d.probs, draft_calls + d.steps, draft_s + d.seconds
+                    d_s = d.seconds
                 else:
-                    n, nxt = accept_sampling(dr, qs[b] if qs else [None] * len(dr), row_logits, sampling, generator)
-                    emitted[b], done[b] = _truncate(dr[:n] + [nxt], rules.eos, options.max_new_tokens - gen_lens[b])
-                    logprobs[alive[b]] = add_logprobs(logprobs[alive[b]], row_logits, emitted[b])
-                accepted[b] = n
-                hist[n] += 1
-                drafted_total += len(dr)
-                accepted_total += n
-            kept = [0 if counts[b] == 0 else len(p) + accepted[b] for b, p in enumerate(pending)]
-            keep = from_host([[j < k for j in range(logits.shape[1])] for k in kept], torch.bool, logits.device)
-            cache.commit(keep, kept)
-            v_s = time.perf_counter() - t1
-            verify_s += v_s
+                    drafts, qs, d_s = [[] for _ in alive], None, 0.0
 
-            for b, new in enumerate(emitted):
-                seqs[b].extend(new)
-                out[alive[b]].extend(new)
-                pending[b] = [] if done[b] else [new[-1]]
-            if drafter is not None:
-                drafter.update(drafts, accepted, emitted)
-                policy.observe([len(dr) for dr in drafts], accepted, d_s, v_s, width)
+                # verify: one main pass over pending + drafts; logits from the last pending token on
+                t1 = time.perf_counter()
+                chunks = [p + dr for p, dr in zip(pending, drafts)]
+                need = [len(p) - 1 for p in pending]
+                if n_rounds == 1 and options.logits_at is not None:  # the prompt's own logits from that index on
+                    need = [min(n, options.logits_at) for n in need]
+                logits, _ = self.main.forward(chunks, cache, enc, self.pad_id, need_from=need)
+                if n_rounds == 1 and options.logits_at is not None:
+                    prompt_logits = logits[:, options.logits_at].clone()
+                main_calls += 1
+                width = max(len(dr) for dr in drafts) + 1
+                # each live row's logits from its last pending token on: (B, width, V), -inf past its drafts
+                counts = [0 if done[b] else len(dr) + 1 for b, dr in enumerate(drafts)]
+                sel = gather_rows(logits, [max(len(p) - 1, 0) for p in pending], counts, width)
+                # gen_len per position, a host tensor: the rules decide on the host (apply_rules)
+                lens = torch.tensor([[g + j if j < c else PAD_GEN_LEN for j in range(width)] for g, c in zip(gen_lens, counts)],
+                                    device="cpu")
+                prefixes = None
+                if rules.needs_prefix:
+                    prefixes = [[seqs[b] + dr[:j] for j in range(len(dr) + 1)] for b, dr in enumerate(drafts)]
+                apply_rules(rules, sel, lens, options.max_new_tokens, prefixes)
 
-            # Finished rows leave the batch once they are a quarter of it (each removal copies the caches),
-            # unless the main decoder keeps its shapes fixed for the whole request (whisper.WhisperDecoder).
-            n_done = sum(done)
-            if n_done and not all(done) and 4 * n_done >= len(alive) and not self.main.fixed_batch:
-                keep_rows = [b for b, f in enumerate(done) if not f]
-                alive, seqs, done = [alive[b] for b in keep_rows], [seqs[b] for b in keep_rows], [False] * len(keep_rows)
-                prompt_lens = [prompt_lens[b] for b in keep_rows]
-                pending = [pending[b] for b in keep_rows]
-                index = torch.tensor(keep_rows, dtype=torch.long, device=self.main.device)
-                cache.select(index)
-                if enc is not None:
-                    enc = enc.select(index)
+                accepted, emitted = [0] * len(alive), [[] for _ in alive]
+                best_lp = None
+                if sampling is None and row_ops.indexed(logits.device):  # the argmax and its log-probability everywhere: one read
+                    best, best_lp = argmax_logprobs(sel)
+                elif sampling is None:  # a CPU (reads cost nothing): the argmax now, log-probabilities of emitted tokens below
+                    best = torch.argmax(sel, dim=-1).tolist()
+                for b, (p, dr) in enumerate(zip(pending, drafts)):
+                    if done[b]:
+                        continue
+                    row_logits = sel[b, : len(dr) + 1]
+                    if sampling is None:
+                        n = accepted_prefix(dr, best[b])
+                        emitted[b], done[b] = _truncate(dr[:n] + [best[b][n]], rules.eos, options.max_new_tokens - gen_lens[b])
+                    else:
+                        n, nxt = accept_sampling(dr, qs[b] if qs else [None] * len(dr), row_logits, sampling, generator)
+                        emitted[b], done[b] = _truncate(dr[:n] + [nxt], rules.eos, options.max_new_tokens - gen_lens[b])
+                        logprobs[alive[b]] = add_logprobs(logprobs[alive[b]], row_logits, emitted[b])
+                    accepted[b] = n
+                    hist[n] += 1
+                    drafted_total += len(dr)
+                    accepted_total += n
+                if sampling is None:
+                    if best_lp is None:
+                        best_lp = logprobs_at(sel, best, [len(e) for e in emitted])
+                    for b, e in enumerate(emitted):
+                        for value in best_lp[b][: len(e)]:  # in order, one token at a time (add_logprobs)
+                            logprobs[alive[b]] += value
+                kept = [0 if counts[b] == 0 else len(p) + accepted[b] for b, p in enumerate(pending)]
+                keep = from_host([[j < k for j in range(logits.shape[1])] for k in kept], torch.bool, logits.device)
+                cache.commit(keep, kept)
+                v_s = time.perf_counter() - t1
+                verify_s += v_s
+
+                for b, new in enumerate(emitted):
+                    seqs[b].extend(new)
+                    out[alive[b]].extend(new)
+                    pending[b] = [] if done[b] else [new[-1]]
                 if drafter is not None:
-                    drafter.select(keep_rows)
-                policy.select(keep_rows)
-            cache.maybe_compact(self.main.compact_at)
+                    drafter.update(drafts, accepted, emitted)
+                    policy.observe([len(dr) for dr in drafts], accepted, d_s, v_s, width)
 
-        cache.release()
+                # Finished rows leave the batch once they are a quarter of it (each removal copies the caches),
+                # unless the main decoder keeps its shapes fixed for the whole request (whisper.WhisperDecoder).
+                n_done = sum(done)
+                if n_done and not all(done) and 4 * n_done >= len(alive) and not self.main.fixed_batch:
+                    keep_rows = [b for b, f in enumerate(done) if not f]
+                    alive, seqs, done = [alive[b] for b in keep_rows], [seqs[b] for b in keep_rows], [False] * len(keep_rows)
+                    prompt_lens = [prompt_lens[b] for b in keep_rows]
+                    pending = [pending[b] for b in keep_rows]
+                    index = torch.tensor(keep_rows, dtype=torch.long, device=self.main.device)
+                    cache.select(index, keep_rows)
+                    if enc is not None:
+                        enc = enc.select(index)
+                    if drafter is not None:
+                        drafter.select(keep_rows)
+                    policy.select(keep_rows)
+                cache.maybe_compact(self.main.compact_at)
+
+        finally:  # a pooled static cache goes back to its pool, whatever happened
+            cache.release()
+            if drafter is not None:
+                drafter.finish()
         total_s = time.perf_counter() - t_start
         stats = DecodeStats(
             rows=rows, new_tokens=sum(len(o) for o in out), rounds=n_rounds, main_calls=main_calls,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .decoders import Decoder, EncoderOutput
-from .rows import from_host
+from .rows import StillRunning, from_host
 from .rules import PAD_GEN_LEN, Rules, Sampling, apply_rules, to_probs
 
 
@@ -47,6 +47,9 @@ class Drafter:
 
     def select(self, keep: list[int]) -> None:
         pass
+
+    def finish(self) -> None:
+        """The request is over (a pooled static cache goes back to its pool)."""
 
 
 class PromptLookup(Drafter):
@@ -200,8 +203,9 @@ class ModelDrafter(Drafter):
     def _draft_on_device(self, ks: list[int], gen_lens: list[int], stop_below: float | None) -> tuple[list[list[int]], int]:
         """Greedy drafting whose steps never wait on the host: each step's argmax is fed back as a device
         tensor, a row stops on the device (end of sequence, or a token below ``stop_below``) or at its
-        lookahead / the room before max_new_tokens (known on the host), and every step's tokens are read
-        once at the end. Returns the drafts per row and the forward passes run. The drafts equal the host
+        lookahead / the room before max_new_tokens (known on the host), the loop ends when every row has
+        stopped (``StillRunning``: read without a synchronisation) and every step's tokens are read once
+        at the end. Returns the drafts per row and the forward passes run. The drafts equal the host
         loop's (``draft``): the same logits, rules and argmax; only when they are read differs."""
         rows, device = len(ks), self.decoder.device
         room = [max(0, min(k, self.max_new - g)) for k, g in zip(ks, gen_lens)]  # drafts row b may take
@@ -212,8 +216,11 @@ class ModelDrafter(Drafter):
         ids, real = self.cache.tensors_of([self.pending[b] if room[b] else [] for b in range(rows)], self.pad_id)
         counts = [len(self.pending[b]) if room[b] else 0 for b in range(rows)]
         alive = from_host([r > 0 for r in room], torch.bool, device)
+        probe = StillRunning(device)
         chosen, drafting = [], []
         for j in range(max(room, default=0)):
+            if j and probe.stopped(alive):  # every row has stopped (end of sequence, confidence)
+                break
             logits, _ = self.decoder.forward_ids(ids, real, self.cache, self.enc)
             self.cache.commit(real, counts)
             last = real.sum(dim=1).clamp(min=1) - 1
@@ -228,9 +235,10 @@ class ModelDrafter(Drafter):
             # a row stops after its last allowed draft, an end of sequence or (confidence) an unlikely token
             stop = from_host([j + 1 >= r for r in room], torch.bool, device)
             stop = stop | (tok[:, None] == eos[None, :]).any(dim=1)
-            if stop_below is not None:
-                stop = stop | (torch.softmax(nxt[:, 0], dim=-1).gather(-1, col[:, None])[:, 0] < stop_below)
+            if stop_below is not None:  # compared in float64, as the host loop compares its Python float
+                stop = stop | (torch.softmax(nxt[:, 0], dim=-1).gather(-1, col[:, None])[:, 0].double() < stop_below)
             alive = alive & ~stop
+            probe.post(alive)
             ids, real = tok[:, None], alive[:, None]  # the next step feeds each row its own token
             counts = [0] * rows  # fed on the device: counted below, once read
         tokens: list[list[int]] = [[] for _ in range(rows)]
@@ -258,9 +266,13 @@ class ModelDrafter(Drafter):
         self._fed = []
         self.cache.maybe_compact()
 
+    def finish(self) -> None:
+        if self.cache is not None:
+            self.cache.release()
+
     def select(self, keep: list[int]) -> None:
         rows = from_host(keep, torch.long, self.decoder.device)
-        self.cache.select(rows)
+        self.cache.select(rows, keep)
         if self.enc is not None:
             self.enc = self.enc.select(rows)
         self.pending = [self.pending[i] for i in keep]

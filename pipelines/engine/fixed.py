@@ -106,14 +106,14 @@ class FixedCache:
         """``rollback`` for every row at once: the last ``counts[b]`` tokens of row b."""
         self.next_pos = [p - max(0, n) for p, n in zip(self.next_pos, counts)]
 
-    def select(self, rows: torch.Tensor) -> None:
+    def select(self, rows: torch.Tensor, host_rows: list[int] | None = None) -> None:
         """Keep only ``rows`` (an assistant's cache; a fixed-shape main decoder keeps its batch whole)."""
         self.keys = [k.index_select(0, rows) for k in self.keys]
         self.values = [v.index_select(0, rows) for v in self.values]
         self.graph, self._pool = None, None  # new buffers: a graph of the old ones no longer applies
         if self.cross is not None:
             self.cross = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.cross]
-        self.next_pos = [self.next_pos[i] for i in rows.tolist()]
+        self.next_pos = [self.next_pos[i] for i in (rows.tolist() if host_rows is None else host_rows)]
 
     def maybe_compact(self, threshold: float = 0.5) -> None:
         """Nothing to compact: a static cache has no holes."""
@@ -202,10 +202,10 @@ class FixedShapeDecoder(Decoder):
     @staticmethod
     def _static_slots(positions: torch.Tensor, where: list[tuple[int, int, int]], scratch: int) -> torch.Tensor:
         """(B, w) host tensor: the slot each column writes, its true position for a real token, ``scratch`` else."""
-        slots = torch.full(positions.shape, scratch, dtype=torch.long, device="cpu")  # host-built, as _tile's
-        for b, col, _ in where:
-            slots[b, col] = positions[b, col]
-        return slots
+        real = torch.zeros(positions.shape, dtype=torch.bool, device="cpu")  # host-built, as _tile's
+        if where:
+            real[[b for b, _, _ in where], [c for _, c, _ in where]] = True
+        return torch.where(real, positions, scratch)
 
     def writer(self, positions: torch.Tensor, write):
         """``store(buffer, new)``: writes a tile's keys or values ``new`` (B, H, w, Dh) into ``buffer`` (B, H, S, Dh).

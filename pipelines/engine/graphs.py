@@ -47,17 +47,20 @@ class PassGraph:
         self.slots = torch.full((rows, width), scratch, dtype=torch.long, device=device)  # warm-up writes: scratch only
         self.graph = None
         self.output: torch.Tensor | None = None
+        self.device = torch.device(device)
         if capture:
-            # warm-up on a side stream (cuBLAS handles, the allocator's pools), then capture (PyTorch's recipe)
-            stream = torch.cuda.Stream(device)
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    run(self.ids, self.positions, self.slots)
-            torch.cuda.current_stream(device).wait_stream(stream)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.output = run(self.ids, self.positions, self.slots)
+            # on the decoder's device (torch.cuda.graph captures on the current one): warm-up on a side stream
+            # (cuBLAS handles, the allocator's pools), then capture (PyTorch's recipe)
+            with torch.cuda.device(self.device):
+                stream = torch.cuda.Stream(self.device)
+                stream.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(stream):
+                    for _ in range(2):
+                        run(self.ids, self.positions, self.slots)
+                torch.cuda.current_stream(self.device).wait_stream(stream)
+                self.graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(self.graph, stream=torch.cuda.Stream(self.device)):
+                    self.output = run(self.ids, self.positions, self.slots)
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         self.ids.copy_(ids, non_blocking=True)
@@ -66,7 +69,8 @@ class PassGraph:
         if self.graph is None:
             self.output = self.run(self.ids, self.positions, self.slots)
         else:
-            self.graph.replay()
+            with torch.cuda.device(self.device):
+                self.graph.replay()
         return self.output
 
 
@@ -74,19 +78,31 @@ class GraphPool:
     """Static caches with their captured pass, kept per (rows, capacity, width) and lent to one request at
     a time (``take``/``give``): a graph reads and writes its cache's buffers, so a cache in use is never lent
     twice; a request that finds none free gets a new one (captured too: every request of a shape runs the
-    same kernels)."""
+    same kernels). At most ``max_free`` caches are kept; the least recently given back goes first."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_free: int = 8) -> None:
         self.free: dict[tuple, list] = {}
+        self.order: list[tuple] = []  # the keys of the free caches, least recently given back first
+        self.max_free = max_free
         self.lock = threading.Lock()
 
     def take(self, key: tuple, make: Callable[[], object]):
         with self.lock:
             entries = self.free.get(key)
             if entries:
-                return entries.pop()
+                self.order.remove(key)
+                cache = entries.pop()
+                if not entries:
+                    del self.free[key]
+                return cache
         return make()
 
     def give(self, key: tuple, cache) -> None:
         with self.lock:
             self.free.setdefault(key, []).append(cache)
+            self.order.append(key)
+            while len(self.order) > self.max_free:  # drop the least recently given back (its buffers and graph)
+                old = self.order.pop(0)
+                self.free[old].pop(0)
+                if not self.free[old]:
+                    del self.free[old]

@@ -25,6 +25,35 @@ def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     return tensor.to(device, non_blocking=True)
 
 
+class StillRunning:
+    """Whether any row of a device-side loop still runs, read without waiting for the device where a read
+    costs a synchronisation: on CUDA the flag goes to pinned host memory behind an event and is read once
+    the event has completed (a step or so late: a loop may run a step more than needed, never less); on a
+    CPU it is read at once (no device to wait for); elsewhere it is not read (the loop runs to its bound)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.mode = "event" if device.type == "cuda" else ("now" if not indexed(device) else "never")
+        if self.mode == "event":
+            self.flag = torch.ones(1, dtype=torch.bool, device="cpu").pin_memory()
+            self.event = torch.cuda.Event()
+            self.posted = False
+
+    def post(self, alive: torch.Tensor) -> None:
+        """Start reading ``alive.any()`` (CUDA: a non-blocking copy, then the event)."""
+        if self.mode == "event":
+            self.flag.copy_(alive.any().reshape(1), non_blocking=True)
+            self.event.record()
+            self.posted = True
+
+    def stopped(self, alive: torch.Tensor) -> bool:
+        """True when no row runs any more (as far as is known without waiting)."""
+        if self.mode == "now":
+            return not bool(alive.any())
+        if self.mode == "event" and self.posted and self.event.query():
+            return not bool(self.flag[0])
+        return False
+
+
 def indexed(device: torch.device) -> bool:
     """Whether row copies on ``device`` go through one indexed copy (accelerators) or a copy per row (CPU)."""
     return device.type != "cpu"
