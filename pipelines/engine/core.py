@@ -142,14 +142,6 @@ def accepted_prefix(drafts: list[int], best: list[int]) -> int:
     return n
 
 
-def accept_greedy(drafts: list[int], logits: torch.Tensor) -> tuple[int, int]:
-    """logits (k+1, V) at the positions before each draft and after the last.
-    Accept the longest prefix with d_j == argmax_j; the next token is the main model's argmax there."""
-    best = torch.argmax(logits, dim=-1).tolist()
-    n = accepted_prefix(drafts, best)
-    return n, best[n]
-
-
 def accept_sampling(drafts: list[int], qs: list[torch.Tensor | None], logits: torch.Tensor, sampling: Sampling,
                     generator: torch.Generator | None) -> tuple[int, int]:
     """Speculative sampling. p_j = main distribution at position j, q_j = the draft's.
@@ -303,7 +295,7 @@ class AssistedDecoder:
                     alive, seqs, done = [alive[b] for b in keep_rows], [seqs[b] for b in keep_rows], [False] * len(keep_rows)
                     prompt_lens = [prompt_lens[b] for b in keep_rows]
                     pending = [pending[b] for b in keep_rows]
-                    index = torch.tensor(keep_rows, dtype=torch.long, device=self.main.device)
+                    index = from_host(keep_rows, torch.long, self.main.device)
                     cache.select(index, keep_rows)
                     if enc is not None:
                         enc = enc.select(index)

@@ -100,6 +100,7 @@ class ModelDrafter(Drafter):
         self.enc: EncoderOutput | None = None
         self.pending: list[list[int]] = []
         self._fed: list[int] = []
+        self._vocab: torch.Tensor | None = None  # the draft head's column -> id map on the device (_vocab_on_device)
 
     def start(self, prompts, enc, encoder_inputs) -> int:
         calls = 0
@@ -196,7 +197,7 @@ class ModelDrafter(Drafter):
 
     def _vocab_on_device(self) -> torch.Tensor:
         """The draft head's column -> token id map on the device (built once)."""
-        if getattr(self, "_vocab", None) is None:
+        if self._vocab is None:
             self._vocab = from_host(list(self.decoder.vocab_ids), torch.long, self.decoder.device)
         return self._vocab
 
