@@ -84,6 +84,9 @@ class OracleDrafter(Drafter):
     def update(self, drafted, accepted, emitted) -> None:
         self.inner.update(drafted, accepted, emitted)
 
+    def finish(self) -> None:
+        self.inner.finish()  # the inner drafter's pooled static cache goes back to its pool
+
     def select(self, keep: list[int]) -> None:
         self.rows = [self.rows[i] for i in keep]
         self.inner.select(keep)
@@ -167,3 +170,89 @@ def bench_shapes(shape: str = "whisper-base", tokens: int = 64, rows: int = 1, a
     report = {"environment": environment(device), "shape": shape, "dtype": dtype, "rows": rows, "tokens": tokens,
               "lookahead": lookahead, "assistant_layers": assistant_layers, "rows_out": [asdict(r) for r in out]}
     return write_report(report, json_path, log)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    part: str  # "main step" (1 token), "verify pass" (lookahead + 1 tokens), "draft step" (1 token)
+    path: str  # "eager", or "graphs" (the CUDA fast path: static caches, captured passes replayed)
+    wall_ms: float  # per call, from the host's call until the device has finished it
+    kernel_ms: float | None  # per call, the device's kernel time inside it (torch.profiler; CUDA only)
+
+
+def step_costs(shape: str = "whisper-base", dtype: str | None = None, device: str = "cpu", lookahead: int = 3,
+               repeats: int = 30, log=print) -> list[StepCost]:
+    """One row, a cache of 40 tokens, random weights at ``shape``: the wall time of a main-decoder step, a
+    verify pass over ``lookahead`` + 1 tokens and a 2-layer draft step, eager and (CUDA) on the graph fast
+    path, beside the kernel time of each (CUDA: ``torch.profiler``'s device time of the eager calls, the
+    bound either path could reach; the same kernels run in the graphs). Each call is repeated ``repeats``
+    times (main calls at the same position, nothing committed; draft steps committed, the cache growing a
+    token a call, as drafting does), after warm-up calls that also capture the graphs."""
+    from .devices import int8_allowed, resolve_dtype
+    from .loading import torch_dtype
+
+    dtype = resolve_dtype(device, dtype, "float32")
+    dt, spec, cuda = torch_dtype(dtype), SHAPES[shape], torch.device(device).type == "cuda"
+    main_model = random_whisper(spec, spec["decoder_layers"], dt, device, causal=False, seed=0)
+    assistant = random_whisper(spec, 2, dt, device, causal=True, seed=1)
+    torch.manual_seed(2)
+    hidden = torch.randn(1, 1500, spec["d_model"], dtype=dt, device=device)
+    prompt = list(range(3, 43))
+    out = []
+    for path in ("eager", "graphs") if cuda else ("eager",):
+        main = as_decoder(main_model)
+        draft = as_decoder(assistant, assistant=True, int8=int8_allowed(device))
+        main.graphs = draft.graphs = "capture" if path == "graphs" else None
+        cache = main.new_cache(1, capacity=448)
+        _, real = main.forward([prompt], cache, EncoderOutput(hidden, None), 0, need_from=[len(prompt) - 1])
+        cache.commit(real, [len(prompt)])
+        draft_enc = EncoderOutput(hidden.to(draft.dtype), None)
+        draft_cache = draft.new_cache(1, capacity=448)
+        _, real = draft.forward([prompt], draft_cache, draft_enc, 0)
+        draft_cache.commit(real, [len(prompt)])
+        one = torch.tensor([[5]], device=device)
+        yes = torch.ones(1, 1, dtype=torch.bool, device=device)
+        calls = {
+            "main step": lambda: main.forward([[5]], cache, None, 0),
+            f"verify pass ({lookahead + 1} tokens)": lambda: main.forward([[5] * (lookahead + 1)], cache, None, 0),
+            "draft step": lambda: (draft.forward_ids(one, yes, draft_cache, None), draft_cache.commit(yes, [1])),
+        }
+        for part, call in calls.items():
+            wall, kernels = _time_call(call, repeats, cuda, profile=path == "eager")
+            out.append(StepCost(part, path, wall, kernels))
+        cache.release()
+        draft_cache.release()
+    log(f"step costs at {shape}'s shapes, {dtype}, {device}, 1 row, a 40-token cache (ms a call):")
+    log(f"{'part':28s} {'path':7s} {'wall ms':>8s} {'kernel ms':>9s}")
+    for c in out:
+        log(f"{c.part:28s} {c.path:7s} {c.wall_ms:8.3f} {'-' if c.kernel_ms is None else f'{c.kernel_ms:.3f}':>9s}")
+    return out
+
+
+def _time_call(call, repeats: int, cuda: bool, profile: bool) -> tuple[float, float | None]:
+    """(wall ms, kernel ms) per call of ``call`` (after three warm-up calls)."""
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    with torch.inference_mode():
+        for _ in range(3):
+            call()
+        sync()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            call()
+        sync()
+        wall = (time.perf_counter() - start) * 1000 / repeats
+        kernels = None
+        if cuda and profile:
+            from torch.profiler import ProfilerActivity, profile as trace
+
+            with trace(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(repeats):
+                    call()
+                sync()
+            kernels = sum(_self_device_us(e) for e in prof.key_averages()) / 1000 / repeats
+    return wall, kernels
+
+
+def _self_device_us(event) -> float:
+    """An averaged profiler event's own device time in microseconds (the attribute's name by torch version)."""
+    return float(getattr(event, "self_device_time_total", getattr(event, "self_cuda_time_total", 0.0)))

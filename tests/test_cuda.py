@@ -109,8 +109,9 @@ def test_at_most_two_synchronisations_a_round(cuda_runner, speech_real):
 
 def test_graphs_replayed_with_ragged_rows_on_random_weights():
     """No weights needed: a random-weight Whisper base-shaped pair (bench_shapes' models) on CUDA, the main
-    decoder's passes replayed from captured graphs, rows accepting different numbers of drafts (an oracle of
-    acceptance 0.6): assisted equals plain token for token, in bfloat16 and float32."""
+    decoder's passes and the assistant's one-token steps replayed from captured graphs, rows accepting
+    different numbers of drafts (an oracle of acceptance 0.6): assisted equals plain token for token, in
+    bfloat16 and float32."""
     import random
 
     from pipelines.bench_shapes import PROMPT, SHAPES, oracle, random_whisper
@@ -121,8 +122,9 @@ def test_graphs_replayed_with_ragged_rows_on_random_weights():
     for dtype in (torch.bfloat16, torch.float32):
         main = as_decoder(random_whisper(spec, spec["decoder_layers"], dtype, "cuda", causal=False, seed=0))
         assert main.graphs == "capture"
-        draft = model_drafter(as_decoder(random_whisper(spec, 2, dtype, "cuda", causal=True, seed=1), assistant=True),
-                              share_encoder=True, pad_id=0)
+        lean = as_decoder(random_whisper(spec, 2, dtype, "cuda", causal=True, seed=1), assistant=True)
+        assert lean.graphs == "capture"  # its one-token steps over a static cache (draft_cache.py)
+        draft = model_drafter(lean, share_encoder=True, pad_id=0)
         torch.manual_seed(2)
         enc = EncoderOutput(torch.randn(3, 1500, spec["d_model"], dtype=dtype, device="cuda"), None)
         options = DecodeOptions(max_new_tokens=40, policy=PolicyOptions("constant", 4))
@@ -132,5 +134,7 @@ def test_graphs_replayed_with_ragged_rows_on_random_weights():
         result = engine.generate([list(PROMPT)] * 3, Rules(), options, encoder_output=enc)
         assert [list(t) for t in result.tokens] == reference
         assert len(set(result.stats.accepted_hist)) > 1  # rows accepted different numbers of drafts
-        pooled = [c for caches in main._graph_pool.free.values() for c in caches]
-        assert pooled and all(c.graph is not None and c.graph.graph is not None for c in pooled)
+        for decoder in (main, lean):
+            pooled = [c for caches in decoder._graph_pool.free.values() for c in caches]
+            assert pooled and all(c.graph is not None and c.graph.graph is not None for c in pooled), decoder
+

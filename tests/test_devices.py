@@ -146,6 +146,20 @@ def test_bench_shapes_oracle_sets_the_acceptance_and_output_stays_exact(monkeypa
     assert report["environment"]["device"] == "cpu" and (tmp_path / "s.json").is_file()
 
 
+def test_step_costs_on_a_tiny_shape(monkeypatch):
+    """The step-cost table on a tiny shape on the CPU: eager rows only (the graph path is CUDA's), a positive
+    wall time for each part, no kernel time (the profiler's device time is CUDA's); the calls leave the
+    caches consistent (the draft cache grows a token a call, the main one is rewritten in place)."""
+    from pipelines import bench_shapes
+
+    monkeypatch.setitem(bench_shapes.SHAPES, "tiny", {"d_model": 64, "decoder_layers": 2, "decoder_attention_heads": 4,
+                                                      "decoder_ffn_dim": 128, "vocab_size": 500})
+    costs = bench_shapes.step_costs("tiny", device="cpu", lookahead=3, repeats=3, log=lambda *_: None)
+    assert [(c.part, c.path) for c in costs] == [("main step", "eager"), ("verify pass (4 tokens)", "eager"),
+                                                 ("draft step", "eager")]
+    assert all(c.wall_ms > 0 and c.kernel_ms is None for c in costs)
+
+
 def test_the_pass_shape_follows_the_machine_kind(monkeypatch):
     """The main decoder's pass shape comes from a table keyed by CPU vendor and dtype (never from a timing
     probe, which could change the bits from one run to the next); CUDA and unknown CPUs take width 4."""
@@ -217,3 +231,4 @@ def test_loading_a_pair_in_an_emulated_dtype_says_so(monkeypatch, registry):
     pair = registry.pairs["whisper-base"]
     with pytest.warns(RuntimeWarning, match="bfloat16 is emulated on this CPU"), pytest.raises(RuntimeError, match="loaded"):
         pairs.load_pair(pair, "bfloat16", "cpu")
+

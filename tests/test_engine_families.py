@@ -266,3 +266,70 @@ def test_row_copies_per_row_and_by_index_are_the_same():
             scatter_rows(target, a, where, by_index=way)
         assert torch.equal(targets[0], targets[1])
         assert all(torch.equal(targets[0][r, j], logits[r, j]) for r, _, j in where)
+
+
+def test_static_draft_cache_computes_the_ragged_caches_logits():
+    """The drafters' CUDA-graph path (``draft_cache.StaticDraftCache``) run eagerly: a lean causal drafter over
+    the static cache gives the ragged cache's logits (to float32 rounding) through ragged chunks, one-token
+    steps (replayed through the step's buffers), rollbacks of different lengths per row and a padded row;
+    the engine's output with it equals generate's, and its cache is lent again to the next request."""
+    from pipelines.engine.causal_draft import CausalDraftDecoder
+    from pipelines.engine.draft_cache import StaticDraftCache
+
+    model = make_causal("llama", layers=1, seed=5)
+    ragged, static = CausalDraftDecoder(model, int8=False), CausalDraftDecoder(model, int8=False)
+    static.graphs = "eager"
+    logits = {}
+    for name, dec in (("ragged", ragged), ("static", static)):
+        cache = dec.new_cache(2, capacity=40)
+        out = []
+        lg, real = dec.forward([[5, 6, 7, 8, 9], [3, 4]], cache, None, 0)
+        cache.commit(real, [5, 2])
+        out.append(lg[real])
+        for t in (11, 12, 13):
+            step = torch.tensor([[True], [True]])
+            lg, _ = dec.forward_ids(torch.tensor([[t], [t + 1]]), step, cache, None)
+            cache.commit(step, [1, 1])
+            out.append(lg[:, 0].clone())
+        cache.rollback_rows([2, 1])
+        cache.maybe_compact(0.0)
+        lg, real = dec.forward([[20, 21], [22]], cache, None, 0)
+        cache.commit(real, [2, 1])
+        out.append(lg[real])
+        lg, _ = dec.forward_ids(torch.tensor([[30], [31]]), torch.tensor([[True], [False]]), cache, None)
+        out.append(lg[0, 0].clone())
+        logits[name] = out
+        if name == "static":
+            assert isinstance(cache, StaticDraftCache) and cache.graph is not None and cache.graph.graph is None
+            assert cache.next_pos.tolist() == [8, 5] and cache.cache.layers[0].keys.shape[2] == 128 + 1  # 40 rounded up, + scratch
+    for a, b in zip(logits["ragged"], logits["static"]):
+        assert torch.allclose(a, b, atol=1e-5, rtol=0), (a - b).abs().max()
+
+    main = make_causal("llama", layers=2, seed=0)
+    ids, mask = sources(4, seed=3)
+    prompts = [ids[b, : int(mask[b].sum())].tolist() for b in range(4)]
+    max_new, pad = 20, main.config.pad_token_id
+    refs = [main.generate(input_ids=torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                          do_sample=False, num_beams=1, max_new_tokens=max_new)[0].tolist()[len(p):] for p in prompts]
+    rules = rules_from_generation_config(main.generation_config, len(prompts[0]), max_new)
+    near = make_causal("llama", layers=2, seed=0)  # the main model, perturbed: most drafts kept, some rejected
+    with torch.no_grad():
+        for p in near.parameters():
+            p.add_(0.3 * p.std() * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    stats = {}
+    for name in ("ragged", "static"):
+        helper = CausalDraftDecoder(near, int8=False)
+        helper.graphs = "eager" if name == "static" else None
+        engine = AssistedDecoder(as_decoder(main), model_drafter(helper, share_encoder=False, pad_id=pad), pad_id=pad)
+        for batch in (1, 4, 4):
+            got = []
+            for s in range(0, 4, batch):
+                r = engine.generate(prompts[s : s + batch], rules, DecodeOptions(max_new_tokens=max_new, policy=PolicyOptions("constant", 3)))
+                got += [list(t) for t in r.tokens]
+                stats.setdefault(name, []).append((r.stats.drafted, r.stats.accepted))
+            assert got == [_trim_pad(r, main.config.eos_token_id, pad) for r in refs], (name, batch)
+        if name == "static":
+            assert helper._graph_pool.free and all(len(c) == 1 for c in helper._graph_pool.free.values())
+    drafted, accepted = (sum(x) for x in zip(*stats["ragged"]))
+    assert 0 < accepted < drafted  # drafts kept and rejected: rollbacks ran
+    assert stats["static"] == stats["ragged"]  # the same drafts, round by round

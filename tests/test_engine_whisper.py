@@ -210,6 +210,37 @@ def test_static_writes_and_pooled_caches_keep_outputs_exact(setup):
     assert cache.slot_count == 449 and cache.graph is not None and cache.graph.graph is None  # eager: nothing captured
 
 
+def test_static_draft_cache_drafts_as_the_ragged_one(setup):
+    """The drafters' CUDA-graph path run eagerly on the CPU: the lean assistant over a pooled static cache
+    (``draft_cache.StaticDraftCache``: rollbacks step positions back, one-token steps through the step's
+    buffers) beside the fixed-shape main decoder's static path. Outputs equal generate's, batch 1 and 4;
+    the drafts equal the ragged cache's round by round on these clips (the same model, attention over
+    another length: equal to float32 rounding); each cache is lent again."""
+    from pipelines.engine.whisper import WhisperDecoder
+
+    decoder, enc, refs, rules, drafters = setup
+    name = "whisper-base-distilled" if _distilled_shipped() else "whisper-base-decoder-2l"
+    model = WhisperForCausalLM.from_pretrained(embedded_path(name), dtype=torch.float32).eval()
+    main = WhisperDecoder(decoder.model)
+    main.graphs = "eager"
+    options = DecodeOptions(max_new_tokens=MAX_NEW, policy=PolicyOptions("constant", 4))
+    stats, lean = {}, None
+    for kind in ("ragged", "static"):
+        lean = as_decoder(model, assistant=True)
+        lean.graphs = "eager" if kind == "static" else None
+        engine = AssistedDecoder(main, model_drafter(lean, share_encoder=True, pad_id=EOT), pad_id=EOT)
+        for rows in ([0], [1], [0, 1, 2, 3], [4, 5, 6, 7]):
+            result = engine.generate([PROMPT] * len(rows), rules, options, encoder_output=enc.select(torch.tensor(rows)))
+            assert [_strip_eot(list(t)) for t in result.tokens] == [refs[r] for r in rows], (kind, rows)
+            stats.setdefault(kind, []).append((result.stats.drafted, result.stats.accepted, result.stats.rounds))
+    assert stats["static"] == stats["ragged"]
+    assert all(0 < a < d for d, a, _ in stats["static"])
+    pooled = lean._graph_pool.free
+    assert sorted(k[0] for k in pooled) == [1, 4] and all(len(c) == 1 for c in pooled.values())
+    cache = next(iter(pooled.values()))[0]
+    assert cache.graph is not None and cache.graph.graph is None  # eager: the step's buffers, nothing captured
+
+
 def test_encoder_runs_once_and_is_shared(setup):
     decoder, enc, refs, rules, drafters = setup
     from pipelines.audio import load_audio  # noqa: F401  (the features come from the fixture)

@@ -222,6 +222,16 @@ def cmd_bench_shapes(args: argparse.Namespace) -> int:
     if not acceptances or any(not 0.0 <= a <= 1.0 for a in acceptances):
         print(f"tandem: --acceptance takes numbers from 0 to 1, not {args.acceptance!r}", file=sys.stderr)
         return 2
+    if args.step_costs:
+        from dataclasses import asdict
+
+        from ..bench import environment, write_report
+        from ..bench_shapes import step_costs
+
+        costs = step_costs(args.shape, args.dtype, args.device, args.lookahead)
+        write_report({"environment": environment(args.device), "shape": args.shape, "lookahead": args.lookahead,
+                      "step_costs": [asdict(c) for c in costs]}, args.json, print)
+        return 0
     bench_shapes(args.shape, args.tokens, args.rows, acceptances, args.lookahead, args.dtype, args.device,
                  args.assistant_layers, args.json)
     return 0

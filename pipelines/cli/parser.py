@@ -175,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--assistant-layers", type=int, default=2, help="decoder layers of the assistant (default: %(default)s)")
     b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="(default: float32 on a CPU, bfloat16 on CUDA)")
+    b.add_argument("--step-costs", action="store_true", help="instead: the wall time of one main step, one verify "
+                   "pass and one draft step, eager and (CUDA) on the graph fast path, beside their kernel time (torch.profiler)")
     b.add_argument("--json", default="reports/bench-shapes.json", help="where to write the figures (default: %(default)s)")
     b.set_defaults(func=cmd_bench_shapes)
     b = command(bench_sub, "text", help="transformers plain/assisted vs Tandem plain and each drafter, same chat prompts, batch 1")

@@ -33,6 +33,15 @@ class EncoderOutput:
         return EncoderOutput(self.hidden.index_select(0, rows), None if self.mask is None else self.mask.index_select(0, rows))
 
 
+def chunk_tensors(chunks: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids (B, n) and real-token flags (B, n) of ``chunks`` (one list a row, padded to the longest
+    with ``pad_id``), built on the host and copied to ``device`` once."""
+    n = max(1, max(len(c) for c in chunks))
+    ids = from_host([c + [pad_id] * (n - len(c)) for c in chunks], torch.long, device)
+    real = from_host([[j < len(c) for j in range(n)] for c in chunks], torch.bool, device)
+    return ids, real
+
+
 class RaggedCache:
     """A transformers cache plus, per row, which slots are real and the next true position."""
 
@@ -49,13 +58,7 @@ class RaggedCache:
         return self.valid.shape[1]
 
     def tensors_of(self, chunks: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token ids (B, n) and real-token flags (B, n) of ``chunks`` (one list a row, padded to the longest
-        with ``pad_id``), built on the host and copied to the cache's device once."""
-        n = max(1, max(len(c) for c in chunks))
-        device = self.valid.device
-        ids = from_host([c + [pad_id] * (n - len(c)) for c in chunks], torch.long, device)
-        real = from_host([[j < len(c) for j in range(n)] for c in chunks], torch.bool, device)
-        return ids, real
+        return chunk_tensors(chunks, pad_id, self.valid.device)
 
     def plan(self, real: torch.Tensor, max_pos: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions (B, n) and the 4-D mask (B, 1, n, T + n) for feeding a chunk whose real tokens are
@@ -80,6 +83,19 @@ class RaggedCache:
         self.slot_pos = torch.cat([self.slot_pos, self._planned], dim=1)
         self.next_pos = self.next_pos + keep.sum(dim=1)
         self._real = None if counts is None or self._real is None else [r + c for r, c in zip(self._real, counts)]
+
+    def write(self, kv, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """A lean drafter's chunk of keys and values (B, heads, n, Dh) after the layer's cached ones (``kv``: a
+        ``LeanCache`` layer; the new slots are those ``plan`` gave the chunk)."""
+        kv.keys = keys if kv.keys is None else torch.cat([kv.keys, keys], dim=2)
+        kv.values = values if kv.values is None else torch.cat([kv.values, values], dim=2)
+
+    def needs_cross(self) -> bool:
+        """Whether a lean drafter must still compute the request's cross-attention keys and values."""
+        return self.cache.cross is None
+
+    def set_cross(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.cache.cross = pairs
 
     def add_counts(self, counts: list[int]) -> None:
         """Real slots committed without host counts (a drafter's device-fed steps), counted once known."""

@@ -8,7 +8,8 @@ down and the head) hold int8 weights per output channel (``lean.Linear``) and th
     x = x + W_o attn(RoPE(W_q n1(x) + b_q), RoPE(W_k n1(x) + b_k), W_v n1(x) + b_v)     (grouped-query heads)
     x = x + W_down (silu(W_gate n2(x)) * W_up n2(x))
     logits = W_head n(x),   n(x) = g * x / sqrt(mean(x^2) + eps)   (RMSNorm)
-over the ragged cache (``cache.RaggedCache``, rejected drafts become holes). The int8 error (~1% of the
+over the ragged cache (``cache.RaggedCache``, rejected drafts become holes; on CUDA a static one,
+``draft_cache.StaticDraftCache``). The int8 error (~1% of the
 logits) only changes which tokens are proposed: the main model's verification decides every output token.
 """
 
@@ -18,6 +19,7 @@ import torch
 
 from .cache import LeanCache, RaggedCache
 from .decoders import EncoderOutput
+from .draft_cache import StaticDraftCache
 from .lean import LeanDecoder, Linear, int8_available
 
 
@@ -74,7 +76,7 @@ class CausalDraftDecoder(LeanDecoder):
     def reads_encoder(self) -> bool:
         return False
 
-    def forward_ids(self, ids: torch.Tensor, real: torch.Tensor, cache: RaggedCache, enc: EncoderOutput | None):
+    def _step(self, ids: torch.Tensor, real: torch.Tensor, cache: RaggedCache | StaticDraftCache, enc: EncoderOutput | None):
         """Float32 logits (B, n, V) for the token ids (B, n) on the device and their real-token flags (B, n)
         (``Decoder.forward_ids``)."""
         positions, allowed = cache.plan(real, self.max_positions)
@@ -90,7 +92,7 @@ class CausalDraftDecoder(LeanDecoder):
             k = qkv[..., h * dh : (h + kvh) * dh].view(batch, n, kvh, dh).transpose(1, 2)
             v = qkv[..., (h + kvh) * dh :].view(batch, n, kvh, dh).transpose(1, 2)
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-            self.append(kv, k, v)
+            cache.write(kv, k, v)
             attn = torch.nn.functional.scaled_dot_product_attention(q, kv.keys, kv.values, attn_mask=allowed,
                                                                     enable_gqa=kvh != h)
             x = x + layer["o"](attn.transpose(1, 2).reshape(batch, n, h * dh))

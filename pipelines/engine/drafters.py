@@ -112,7 +112,8 @@ class ModelDrafter(Drafter):
             else:
                 self.enc = self.decoder.encode(**encoder_inputs)
                 calls = 1
-        self.cache = self.decoder.new_cache(len(prompts))
+        # every position a row may reach: its prompt, max_new_tokens, and one past (static caches' capacity)
+        self.cache = self.decoder.new_cache(len(prompts), capacity=max(len(p) for p in prompts) + self.max_new + 1)
         self.pending = [list(p) for p in prompts]
         return calls
 

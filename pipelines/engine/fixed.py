@@ -36,13 +36,13 @@ import torch
 
 from .cache import EncoderOutput
 from .decoders import Decoder
-from .graphs import GraphPool, PassGraph, graphs_enabled
+from .graphs import GraphPool, PassGraph, Pooled, graphs_enabled
 from .rows import from_host, scatter_rows, to_device
 
 Tile = tuple[torch.Tensor, torch.Tensor, list[tuple[int, int, int]]]  # ids (B, w), positions (B, w), where
 
 
-class FixedCache:
+class FixedCache(Pooled):
     """A fixed-shape decoder's keys and values, (B, heads, capacity, head_dim) per layer, slot = true
     position; optional cross-attention keys and values (computed once from the encoder output); and per row
     the next true position. Nothing is ever moved or compacted."""
@@ -59,38 +59,25 @@ class FixedCache:
         # static writes (graphs.py): padding columns write to one slot past the capacity, which no query sees
         self.scratch: int | None = capacity if scratch else None
         self.graph: PassGraph | None = None  # the captured full-width pass over these buffers
-        self._stale_cross = False  # lent again by a pool: the cross-attention buffers hold the last request's
-        self._pool: tuple[GraphPool, tuple] | None = None
 
     @property
     def slot_count(self) -> int:
         """Slots per row in the buffers: the capacity, plus the scratch slot with static writes."""
         return self.keys[0].shape[2]
 
+    def needs_cross(self) -> bool:
+        """Whether this request's cross-attention keys and values are still to be set."""
+        return self.cross is None or self._stale_cross
+
     def set_cross(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """The request's cross-attention keys and values; a pooled cache copies them into its buffers (its
         graph reads those)."""
-        if self.cross is not None and self._stale_cross:
-            for (k, v), (new_k, new_v) in zip(self.cross, pairs):
-                k.copy_(new_k)
-                v.copy_(new_v)
-        else:
-            self.cross = pairs
-        self._stale_cross = False
+        self.cross = self.refill_cross(self.cross, pairs)
 
     def lend(self, pool: GraphPool, key: tuple) -> FixedCache:
         """Start a request on this (pooled) cache: positions from 0, cross-attention to be set again."""
         self.next_pos = [0] * len(self.next_pos)
-        self._stale_cross = self.cross is not None
-        self._pool = (pool, key)
-        return self
-
-    def release(self) -> None:
-        """The request is over: a pooled cache goes back to its pool."""
-        if self._pool is not None:
-            pool, key = self._pool
-            self._pool = None
-            pool.give(key, self)
+        return self.lent(pool, key, self.cross is not None)
 
     def commit(self, keep: torch.Tensor, counts: list[int] | None = None) -> None:
         """After a forward call: ``keep`` (B, n) marks the chunk's tokens that were accepted (a prefix of each
@@ -196,7 +183,10 @@ class FixedShapeDecoder(Decoder):
             def run(ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
                 return self._head(self._layers(ids, positions, slots, cache)).float()
 
-            cache.graph = PassGraph(run, batch, cache.width, cache.scratch, self.device, capture=self.graphs == "capture")
+            shape, device = (batch, cache.width), self.device
+            inputs = (torch.zeros(shape, dtype=torch.long, device=device), torch.zeros(shape, dtype=torch.long, device=device),
+                      torch.full(shape, cache.scratch, dtype=torch.long, device=device))  # ids, positions, slots: warm-up writes scratch only
+            cache.graph = PassGraph(run, inputs, device, capture=self.graphs == "capture")
         return cache.graph
 
     @staticmethod

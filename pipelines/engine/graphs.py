@@ -1,4 +1,4 @@
-"""CUDA graphs for the fixed-shape main decoder's passes: the GPU fast path.
+"""CUDA graphs for the fixed-shape main decoder's passes and the drafters' one-token steps: the GPU fast path.
 
 On a GPU an eager decoder step is mostly kernel launches and host work (``../shared/notes/gpu.md``: 80-95%
 of a Whisper base step), so a draft step costs nearly a main step and speculation cannot pay. A
@@ -15,6 +15,9 @@ and assisted decoding keep their common bits; the eager warm-up runs before capt
 scratch slot. Padding columns write their keys and values to that scratch slot (one slot past the
 capacity, which no query is allowed to see), so the writes have a fixed shape too.
 
+The drafters' steps (``draft_cache.StaticDraftCache``) take the same way: a one-token step over a static
+cache, captured once per pooled cache; their drafts only propose, so their bits need not match anything.
+
 Used only on CUDA, unless ``TANDEM_CUDA_GRAPHS=0``. ``capture=False`` runs the same buffers eagerly
 (the CPU tests of everything but the capture itself).
 """
@@ -27,8 +30,6 @@ from collections.abc import Callable
 
 import torch
 
-Pass = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (ids, positions, slots) -> logits
-
 
 def graphs_enabled(device: torch.device) -> bool:
     """Whether fixed-shape decoders on ``device`` replay CUDA graphs: CUDA devices, unless $TANDEM_CUDA_GRAPHS is 0."""
@@ -36,15 +37,14 @@ def graphs_enabled(device: torch.device) -> bool:
 
 
 class PassGraph:
-    """One pass shape, captured: static input buffers (ids, positions, slots: (B, W) long) and the output
-    (B * W, V) float32 the graph writes; ``__call__`` copies the inputs in and replays. The output is
-    overwritten by the next call: read it before. ``capture=False``: the same buffers, run eagerly."""
+    """One pass shape, captured: static input buffers (``inputs``, made by the caller with the pass's shapes
+    and contents that write nothing but scratch) and the output the graph writes; ``__call__`` copies the
+    inputs in and replays. The output is overwritten by the next call: read it before. ``capture=False``:
+    the same buffers, run eagerly."""
 
-    def __init__(self, run: Pass, rows: int, width: int, scratch: int, device: torch.device, capture: bool = True) -> None:
-        self.run, self.capture = run, capture
-        self.ids = torch.zeros(rows, width, dtype=torch.long, device=device)
-        self.positions = torch.zeros(rows, width, dtype=torch.long, device=device)
-        self.slots = torch.full((rows, width), scratch, dtype=torch.long, device=device)  # warm-up writes: scratch only
+    def __init__(self, run: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...], device: torch.device,
+                 capture: bool = True) -> None:
+        self.run, self.capture, self.inputs = run, capture, inputs
         self.graph = None
         self.output: torch.Tensor | None = None
         self.device = torch.device(device)
@@ -56,18 +56,17 @@ class PassGraph:
                 stream.wait_stream(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(stream):
                     for _ in range(2):
-                        run(self.ids, self.positions, self.slots)
+                        run(*self.inputs)
                 torch.cuda.current_stream(self.device).wait_stream(stream)
                 self.graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(self.graph, stream=torch.cuda.Stream(self.device)):
-                    self.output = run(self.ids, self.positions, self.slots)
+                    self.output = run(*self.inputs)
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        self.ids.copy_(ids, non_blocking=True)
-        self.positions.copy_(positions, non_blocking=True)
-        self.slots.copy_(slots, non_blocking=True)
+    def __call__(self, *args: torch.Tensor) -> torch.Tensor:
+        for buffer, value in zip(self.inputs, args):
+            buffer.copy_(value, non_blocking=True)
         if self.graph is None:
-            self.output = self.run(self.ids, self.positions, self.slots)
+            self.output = self.run(*self.inputs)
         else:
             with torch.cuda.device(self.device):
                 self.graph.replay()
@@ -106,3 +105,35 @@ class GraphPool:
                 self.free[old].pop(0)
                 if not self.free[old]:
                     del self.free[old]
+
+
+class Pooled:
+    """What a static cache that a ``GraphPool`` lends keeps: the pool and key it goes back to (``release``)
+    and whether its cross-attention buffers still hold the last request's (``refill_cross``)."""
+
+    _pool: tuple[GraphPool, tuple] | None = None
+    _stale_cross = False  # lent again by a pool: the cross-attention buffers hold the last request's
+
+    def lent(self, pool: GraphPool, key: tuple, has_cross: bool):
+        """Mark the start of a request on this cache, lent by ``pool`` under ``key``."""
+        self._stale_cross = has_cross
+        self._pool = (pool, key)
+        return self
+
+    def release(self) -> None:
+        """The request is over: a pooled cache goes back to its pool."""
+        if self._pool is not None:
+            pool, key = self._pool
+            self._pool = None
+            pool.give(key, self)
+
+    def refill_cross(self, current: list | None, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list:
+        """The cross-attention keys and values to keep for this request: ``current`` (the buffers a captured
+        graph reads) with ``pairs`` copied in, when lent again; else ``pairs`` themselves."""
+        if current is not None and self._stale_cross:
+            for (k, v), (new_k, new_v) in zip(current, pairs):
+                k.copy_(new_k)
+                v.copy_(new_v)
+            pairs = current
+        self._stale_cross = False
+        return pairs

@@ -1,28 +1,62 @@
 """Pieces of the lean draft decoders (``whisper.WhisperDraftDecoder``, ``causal_draft.CausalDraftDecoder``):
-linear layers with optional int8 weights. Drafts only: the main model's verification never runs them."""
+their base class (a ragged cache on a CPU, a static one with CUDA graphs on CUDA) and linear layers with
+optional int8 weights. Drafts only: the main model's verification never runs them."""
 
 from __future__ import annotations
 
 import torch
 
-from .cache import LeanCache, RaggedCache
+from .cache import EncoderOutput, LeanCache, RaggedCache
 from .decoders import Decoder
+from .draft_cache import StaticDraftCache
+from .graphs import GraphPool, graphs_enabled
 
 
 class LeanDecoder(Decoder):
-    """A draft decoder that runs its own layers (``self.layers``, one entry per layer) over a ``LeanCache``
-    inside the ragged cache: rejected drafts become holes, finished rows leave the batch."""
+    """A draft decoder that runs its own layers (``self.layers``, one entry per layer; ``kv_heads`` key/value
+    heads of ``head_dim``) through ``_step``. On a CPU over a ``LeanCache`` inside the ragged cache (rejected drafts
+    become holes, finished rows leave the batch); on CUDA over a pooled ``StaticDraftCache`` whose one-token
+    steps replay a captured CUDA graph (``graphs`` as ``FixedShapeDecoder``'s: "capture", "eager" for the
+    same buffers without capture, None for the ragged cache)."""
 
     layers: list
+    kv_heads: int
+    head_dim: int
+    static_granule = 128  # static capacities are rounded up to a multiple of this (fewer shapes to capture)
 
-    def new_cache(self, batch: int, capacity: int | None = None) -> RaggedCache:
-        return RaggedCache(LeanCache(len(self.layers)), batch, self.device)
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        self.graphs: str | None = "capture" if graphs_enabled(self.device) else None
+        self._graph_pool = GraphPool()
 
-    @staticmethod
-    def append(kv, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Add a chunk's keys and values (B, heads, n, Dh) after the layer's cached ones."""
-        kv.keys = keys if kv.keys is None else torch.cat([kv.keys, keys], dim=2)
-        kv.values = values if kv.values is None else torch.cat([kv.values, values], dim=2)
+    def new_cache(self, batch: int, capacity: int | None = None) -> RaggedCache | StaticDraftCache:
+        """The ragged cache, or with graphs a static one of ``capacity`` positions (rounded up; at most the
+        model's ``max_positions``) lent by the pool of its shape (given back by ``release``)."""
+        if self.graphs is None:
+            return RaggedCache(LeanCache(len(self.layers)), batch, self.device)
+        size = self.max_positions if capacity is None else -(-capacity // self.static_granule) * self.static_granule
+        if self.max_positions is not None:
+            size = min(size, self.max_positions)
+        if size is None:
+            raise ValueError("a static draft cache needs a capacity")
+        key = (batch, size)
+        cache = self._graph_pool.take(key, lambda: StaticDraftCache(len(self.layers), batch, size, self.kv_heads,
+                                                                    self.head_dim, self.device, self.reads_encoder))
+        return cache.lend(self._graph_pool, key)
+
+    def forward_ids(self, ids: torch.Tensor, real: torch.Tensor, cache, enc: EncoderOutput | None):
+        """Float32 logits (B, n, V') for the token ids (B, n) on the device and their real-token flags (B, n)
+        (``Decoder.forward_ids``). On a static cache a one-token step whose cross-attention is in place
+        replays the cache's captured step."""
+        if (isinstance(cache, StaticDraftCache) and ids.shape[1] == 1 and not cache.needs_cross()
+                and (enc is None or enc.mask is None)):
+            step = cache.step(lambda i, r: self._step(i, r, cache, None)[0], capture=self.graphs == "capture")
+            return step(ids, real), real
+        return self._step(ids, real, cache, enc)
+
+    def _step(self, ids: torch.Tensor, real: torch.Tensor, cache, enc: EncoderOutput | None):  # pragma: no cover - abstract
+        """The layers and head over one chunk: (logits (B, n, V') float32, real)."""
+        raise NotImplementedError
 
 
 class Linear:

@@ -16,6 +16,7 @@ import torch
 from ..devices import cpu_info
 from .cache import LeanCache, RaggedCache
 from .decoders import Decoder, EncoderOutput
+from .draft_cache import StaticDraftCache
 from .fixed import FixedCache, FixedShapeDecoder
 from .rows import to_device
 from .lean import LeanDecoder, Linear, int8_available  # noqa: F401  (int8_available: re-exported for tests)
@@ -105,7 +106,7 @@ class WhisperDecoder(FixedShapeDecoder):
                                self.width or self.shape.width_for(batch))
 
     def _begin(self, cache: FixedCache, enc: EncoderOutput | None) -> None:
-        if cache.cross is None or cache._stale_cross:
+        if cache.needs_cross():
             cache.set_cross([self._cross(layer, enc.hidden) for layer in self.decoder.layers])
 
     def _cross(self, layer, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,7 +145,7 @@ class WhisperDraftDecoder(LeanDecoder):
     run through a lean forward of its own layers: q, k and v projected by one fused matrix, the
     cross-attention keys and values computed once per request, no per-call module dispatch, and optionally
     int8 weights. The layer math is Whisper's (pre-norm; q scaled by head_dim^-1/2 before the product):
-        x = x + W_o attn(LN1(x))            self-attention over the ragged cache
+        x = x + W_o attn(LN1(x))            self-attention over its cache (ragged; static on CUDA)
         x = x + W_o' attn(LN2(x), K_enc, V_enc)
         x = x + W_2 gelu(W_1 LN3(x) + b_1) + b_2
     then the final layer norm and the (draft-vocabulary) head. Its numerics only change which tokens are
@@ -156,7 +157,8 @@ class WhisperDraftDecoder(LeanDecoder):
         dec = self.decoder
         self.int8 = int8 and int8_available(self.device)
         self.dtype = torch.float32  # activations stay float32 (the int8 kernels take float32 inputs)
-        self.heads = self.config.decoder_attention_heads
+        self.heads = self.kv_heads = self.config.decoder_attention_heads
+        self.head_dim = self.config.d_model // self.heads
         self.embed, self.positions = dec.embed_tokens.weight.detach().float(), dec.embed_positions.weight.detach().float()
         self.norm = _layer_norm(dec.layer_norm)
         lin = lambda w, b=None: Linear(w, b, self.int8)  # noqa: E731
@@ -180,23 +182,23 @@ class WhisperDraftDecoder(LeanDecoder):
     def reads_encoder(self) -> bool:
         return True
 
-    def forward_ids(self, ids: torch.Tensor, real: torch.Tensor, cache: RaggedCache, enc: EncoderOutput | None):
-        """Float32 logits (B, n, V) for the token ids (B, n) on the device and their real-token flags (B, n)
-        (``Decoder.forward_ids``)."""
+    def _step(self, ids: torch.Tensor, real: torch.Tensor, cache: RaggedCache | StaticDraftCache, enc: EncoderOutput | None):
+        """Float32 logits (B, n, V') for the token ids (B, n) on the device and their real-token flags (B, n)
+        (``Decoder.forward_ids``); ``enc`` is read only while the cache has no cross-attention yet."""
         positions, allowed = cache.plan(real, self.max_positions)
         store: LeanCache = cache.cache
         batch, n = ids.shape
         heads = self.heads
         split = lambda t: t.view(batch, t.shape[1], heads, -1).transpose(1, 2)  # noqa: E731  (B, T, D) -> (B, H, T, D/H)
         merge = lambda t: t.transpose(1, 2).reshape(batch, n, -1)  # noqa: E731
-        if store.cross is None:
+        if cache.needs_cross():
             hidden = enc.hidden.float()
-            store.cross = [(split(layer["k2"](hidden)), split(layer["v2"](hidden))) for layer in self.layers]
+            cache.set_cross([(split(layer["k2"](hidden)), split(layer["v2"](hidden))) for layer in self.layers])
         x = torch.nn.functional.embedding(ids, self.embed) + torch.nn.functional.embedding(positions, self.positions)
-        cross_mask = None if enc.mask is None else enc.mask.bool()[:, None, None, :]
+        cross_mask = None if enc is None or enc.mask is None else enc.mask.bool()[:, None, None, :]
         for layer, kv, (cross_k, cross_v) in zip(self.layers, store.layers, store.cross):
             qkv = layer["qkv"](layer["ln1"](x)).view(batch, n, 3, heads, -1).permute(2, 0, 3, 1, 4)
-            self.append(kv, qkv[1], qkv[2])
+            cache.write(kv, qkv[1], qkv[2])
             attn = torch.nn.functional.scaled_dot_product_attention(qkv[0], kv.keys, kv.values, attn_mask=allowed, scale=1.0)
             x = x + layer["o"](merge(attn))
             q = split(layer["q2"](layer["ln2"](x)))
