@@ -138,3 +138,19 @@ def test_graphs_replayed_with_ragged_rows_on_random_weights():
             pooled = [c for caches in decoder._graph_pool.free.values() for c in caches]
             assert pooled and all(c.graph is not None and c.graph.graph is not None for c in pooled), decoder
 
+
+def test_a_rows_log_softmax_has_the_same_bits_at_every_place():
+    """``rows.aligned_rows``: with Whisper's 51,865-token vocabulary a position's log-softmax, and the
+    timestamp rule's logsumexp over a column range, have the same bits whether its row stands alone (a
+    plain step) or at any index of a wider tensor (a verify pass), in float32."""
+    from pipelines.engine.rows import aligned_rows
+
+    torch.manual_seed(0)
+    vocab = 51865
+    x = 4 * torch.randn(2, 5, vocab, device="cuda")
+    many = torch.log_softmax(aligned_rows(x), dim=-1)
+    for b in range(2):
+        for j in range(5):
+            one = torch.log_softmax(aligned_rows(x[b, j][None, None].clone()), dim=-1)[0, 0]
+            assert torch.equal(many[b, j], one), (b, j)
+            assert torch.equal(many[b, j, 50364:].logsumexp(-1), one[50364:].logsumexp(-1)), (b, j)

@@ -232,3 +232,11 @@ def test_loading_a_pair_in_an_emulated_dtype_says_so(monkeypatch, registry):
     with pytest.warns(RuntimeWarning, match="bfloat16 is emulated on this CPU"), pytest.raises(RuntimeError, match="loaded"):
         pairs.load_pair(pair, "bfloat16", "cpu")
 
+
+def test_aligned_rows_pads_only_on_cuda():
+    """``rows.aligned_rows`` leaves a CPU tensor as it is (no copy); on CUDA (tests/test_cuda.py) it pads the
+    vocabulary with -inf columns so that every row starts at the same alignment."""
+    from pipelines.engine.rows import aligned_rows
+
+    x = torch.randn(2, 3, 51865)
+    assert aligned_rows(x) is x

@@ -22,7 +22,7 @@ from .decoders import Decoder, EncoderOutput
 from .drafters import DrafterFactory
 from .policies import CostMemory, PolicyOptions, make_policy
 from . import rows as row_ops
-from .rows import from_host, gather_rows
+from .rows import aligned_rows, from_host, gather_rows
 from .rules import PAD_GEN_LEN, Rules, Sampling, apply_rules, to_probs
 
 
@@ -103,6 +103,7 @@ def _truncate(tokens: list[int], eos: tuple[int, ...], room: int) -> tuple[list[
 def add_logprobs(total: float, logits: torch.Tensor, tokens: list[int]) -> float:
     """total + sum_j log softmax(logits[j])[tokens[j]], one position at a time and in order, so a token
     verified in a pass of several adds the same float as one decoded alone."""
+    logits = aligned_rows(logits)  # on CUDA every row at the same alignment (rows.aligned_rows)
     for j, token in enumerate(tokens):
         total += float(torch.log_softmax(logits[j], dim=-1)[token])
     return total
@@ -113,7 +114,7 @@ def argmax_logprobs(logits: torch.Tensor) -> tuple[list[list[int]], list[list[fl
     host together (one synchronisation). The log-probabilities have the bits of ``add_logprobs``' one-row
     log_softmax (a row's log_softmax does not depend on the other rows)."""
     best = torch.argmax(logits, dim=-1)
-    values = torch.log_softmax(logits, dim=-1).gather(-1, best[..., None])[..., 0]
+    values = torch.log_softmax(aligned_rows(logits), dim=-1).gather(-1, best[..., None])[..., 0]
     ids, lps = torch.stack([best.double(), values.double()]).tolist()
     return [[int(t) for t in row] for row in ids], lps
 
@@ -127,7 +128,7 @@ def logprobs_at(logits: torch.Tensor, best: list[list[int]], counts: list[int]) 
         return [[] for _ in range(batch)]
     flat = logits.reshape(batch * width, vocab).index_select(0, from_host([b * width + j for b, j in where], torch.long, logits.device))
     tokens = from_host([[best[b][j]] for b, j in where], torch.long, logits.device)
-    values = torch.log_softmax(flat, dim=-1).gather(-1, tokens)[:, 0].double().tolist()
+    values = torch.log_softmax(aligned_rows(flat), dim=-1).gather(-1, tokens)[:, 0].double().tolist()
     out: list[list[float]] = [[] for _ in range(batch)]
     for (b, _), value in zip(where, values):
         out[b].append(value)

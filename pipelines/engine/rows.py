@@ -94,3 +94,19 @@ def scatter_rows(target: torch.Tensor, source: torch.Tensor, where: list[tuple[i
     src = from_host([b * w + c for b, c, _ in where], torch.long, target.device)
     dst = from_host([b * n + j for b, _, j in where], torch.long, target.device)
     target.view(batch * n, vocab).index_copy_(0, dst, source.reshape(batch * w, vocab).index_select(0, src))
+
+
+def aligned_rows(logits: torch.Tensor, multiple: int = 8) -> torch.Tensor:
+    """``logits`` (..., V) for a reduction over the vocabulary (softmax, logsumexp, max) whose bits must not
+    depend on where a row sits: on CUDA, V padded with -inf columns to a multiple of ``multiple`` in a new
+    tensor, so every row starts at the same alignment. CUDA's softmax kernels load a row in 16-byte vectors
+    from its first aligned element and treat the unaligned head apart, so with V = 51,865 the same row at
+    index j of a (n, V) tensor and at index j' of another sums in another order (a plain step's width-1
+    logits against a verify pass's width-(k + 1)); -inf columns add exact zeros (exp(-inf) = 0) and are
+    never the maximum. On a CPU (vector loads anywhere, the order by index) ``logits`` as it is."""
+    if logits.device.type != "cuda":
+        return logits
+    pad = -logits.shape[-1] % multiple
+    if pad == 0:
+        return logits.contiguous()
+    return torch.nn.functional.pad(logits, (0, pad), value=float("-inf"))
