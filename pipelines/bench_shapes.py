@@ -176,18 +176,22 @@ def bench_shapes(shape: str = "whisper-base", tokens: int = 64, rows: int = 1, a
 class StepCost:
     part: str  # "main step" (1 token), "verify pass" (lookahead + 1 tokens), "draft step" (1 token)
     path: str  # "eager", or "graphs" (the CUDA fast path: static caches, captured passes replayed)
-    wall_ms: float  # per call, from the host's call until the device has finished it
-    kernel_ms: float | None  # per call, the device's kernel time inside it (torch.profiler; CUDA only)
+    wall_ms: float  # per call: the mean of repeated calls, the device synchronised after the last
+    kernel_ms: float | None  # per call, the device's kernel time of this path (torch.profiler; CUDA only)
 
 
 def step_costs(shape: str = "whisper-base", dtype: str | None = None, device: str = "cpu", lookahead: int = 3,
                repeats: int = 30, log=print) -> list[StepCost]:
     """One row, a cache of 40 tokens, random weights at ``shape``: the wall time of a main-decoder step, a
     verify pass over ``lookahead`` + 1 tokens and a 2-layer draft step, eager and (CUDA) on the graph fast
-    path, beside the kernel time of each (CUDA: ``torch.profiler``'s device time of the eager calls, the
-    bound either path could reach; the same kernels run in the graphs). Each call is repeated ``repeats``
-    times (main calls at the same position, nothing committed; draft steps committed, the cache growing a
-    token a call, as drafting does), after warm-up calls that also capture the graphs."""
+    path, beside each path's own kernel time on CUDA (``torch.profiler``'s device time; where the profiler
+    does not trace the kernels inside a graph replay, the graphs' row reads 0). The two paths run on their own caches: eager the main decoder's
+    fresh static cache and the drafter's ragged one, the fast path the pooled static caches (scratch-slot
+    writes, draft attention over every slot), so their kernels differ a little. On the fixed-shape path a
+    main step and a verify pass of at most the width (4 on CUDA) are the same pass. Each call is repeated
+    ``repeats`` times (main calls at the same position, nothing committed; draft steps committed, the cache
+    growing a token a call, as drafting does) after warm-up calls that also capture the graphs; the wall
+    time is the mean, the device synchronised after the last call."""
     from .devices import int8_allowed, resolve_dtype
     from .loading import torch_dtype
 
@@ -200,16 +204,16 @@ def step_costs(shape: str = "whisper-base", dtype: str | None = None, device: st
     prompt = list(range(3, 43))
     out = []
     for path in ("eager", "graphs") if cuda else ("eager",):
-        main = as_decoder(main_model)
-        draft = as_decoder(assistant, assistant=True, int8=int8_allowed(device))
-        main.graphs = draft.graphs = "capture" if path == "graphs" else None
-        cache = main.new_cache(1, capacity=448)
-        _, real = main.forward([prompt], cache, EncoderOutput(hidden, None), 0, need_from=[len(prompt) - 1])
-        cache.commit(real, [len(prompt)])
-        draft_enc = EncoderOutput(hidden.to(draft.dtype), None)
-        draft_cache = draft.new_cache(1, capacity=448)
-        _, real = draft.forward([prompt], draft_cache, draft_enc, 0)
-        draft_cache.commit(real, [len(prompt)])
+        with torch.inference_mode():
+            main = as_decoder(main_model)
+            draft = as_decoder(assistant, assistant=True, int8=int8_allowed(device))
+            main.graphs = draft.graphs = "capture" if path == "graphs" else None
+            cache = main.new_cache(1, capacity=448)
+            _, real = main.forward([prompt], cache, EncoderOutput(hidden, None), 0, need_from=[len(prompt) - 1])
+            cache.commit(real, [len(prompt)])
+            draft_cache = draft.new_cache(1, capacity=448)
+            _, real = draft.forward([prompt], draft_cache, EncoderOutput(hidden.to(draft.dtype), None), 0)
+            draft_cache.commit(real, [len(prompt)])
         one = torch.tensor([[5]], device=device)
         yes = torch.ones(1, 1, dtype=torch.bool, device=device)
         calls = {
@@ -218,7 +222,7 @@ def step_costs(shape: str = "whisper-base", dtype: str | None = None, device: st
             "draft step": lambda: (draft.forward_ids(one, yes, draft_cache, None), draft_cache.commit(yes, [1])),
         }
         for part, call in calls.items():
-            wall, kernels = _time_call(call, repeats, cuda, profile=path == "eager")
+            wall, kernels = _time_call(call, repeats, cuda)
             out.append(StepCost(part, path, wall, kernels))
         cache.release()
         draft_cache.release()
@@ -229,8 +233,8 @@ def step_costs(shape: str = "whisper-base", dtype: str | None = None, device: st
     return out
 
 
-def _time_call(call, repeats: int, cuda: bool, profile: bool) -> tuple[float, float | None]:
-    """(wall ms, kernel ms) per call of ``call`` (after three warm-up calls)."""
+def _time_call(call, repeats: int, cuda: bool) -> tuple[float, float | None]:
+    """(wall ms, kernel ms) per call of ``call`` (after three warm-up calls); kernel time on CUDA only."""
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     with torch.inference_mode():
         for _ in range(3):
@@ -242,7 +246,7 @@ def _time_call(call, repeats: int, cuda: bool, profile: bool) -> tuple[float, fl
         sync()
         wall = (time.perf_counter() - start) * 1000 / repeats
         kernels = None
-        if cuda and profile:
+        if cuda:
             from torch.profiler import ProfilerActivity, profile as trace
 
             with trace(activities=[ProfilerActivity.CUDA]) as prof:

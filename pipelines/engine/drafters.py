@@ -1,6 +1,7 @@
 """Drafters: what proposes the next few tokens of each row.
 
-- ``ModelDrafter``: an assistant model run autoregressively with its own ragged KV cache. It may read the
+- ``ModelDrafter``: an assistant model run autoregressively with its own KV cache (ragged; a lean drafter's
+  is static on CUDA, ``draft_cache``). It may read the
   main model's encoder output (a decoder-only assistant such as ``WhisperForCausalLM``, or an
   encoder-decoder assistant of the same ``d_model``), run its own encoder, or have none (a causal LM).
 - ``PromptLookup``: n-gram matching against the row's source and output so far; no model.
@@ -256,8 +257,8 @@ class ModelDrafter(Drafter):
         return tokens, len(chosen)
 
     def update(self, drafted, accepted, emitted) -> None:
-        """Rejected drafts become holes in the assistant's cache; tokens emitted but not yet fed to it
-        become the next round's first input."""
+        """Rejected drafts leave the assistant's cache (holes in a ragged one; a static one steps its
+        positions back); tokens emitted but not yet fed to it become the next round's first input."""
         rejected = []
         for b, (a, e) in enumerate(zip(accepted, emitted)):
             fed = self._fed[b] if self._fed else 0  # no draft this round: nothing was fed

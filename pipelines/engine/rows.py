@@ -103,10 +103,20 @@ def aligned_rows(logits: torch.Tensor, multiple: int = 8) -> torch.Tensor:
     from its first aligned element and treat the unaligned head apart, so with V = 51,865 the same row at
     index j of a (n, V) tensor and at index j' of another sums in another order (a plain step's width-1
     logits against a verify pass's width-(k + 1)); -inf columns add exact zeros (exp(-inf) = 0) and are
-    never the maximum. On a CPU (vector loads anywhere, the order by index) ``logits`` as it is."""
+    never the maximum. On a CPU (vector loads anywhere, the order by index) ``logits`` as it is. A reduction over several rows at
+    once may still depend on their number (``rowwise_logsumexp``); softmax reduces each row in a block of its own."""
     if logits.device.type != "cuda":
         return logits
     pad = -logits.shape[-1] % multiple
     if pad == 0:
         return logits.contiguous()
     return torch.nn.functional.pad(logits, (0, pad), value=float("-inf"))
+
+
+def rowwise_logsumexp(x: torch.Tensor) -> torch.Tensor:
+    """logsumexp over the last axis of ``x`` (N, C), each row's bits independent of N: on CUDA one reduction
+    per row (a sum over several rows takes its thread layout from the number of rows, ATen's
+    ``ReduceConfig``, and with it its order), elsewhere one call."""
+    if x.device.type != "cuda":
+        return x.logsumexp(dim=-1)
+    return torch.stack([row.logsumexp(dim=-1) for row in x]) if len(x) else x.new_zeros(0)

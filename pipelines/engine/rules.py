@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .rows import aligned_rows, from_host, to_device
+from .rows import aligned_rows, from_host, rowwise_logsumexp, to_device
 
 NEG_INF = float("-inf")
 PAD_GEN_LEN = 1 << 30  # gen_len given to padding positions: no rule applies there
@@ -188,7 +188,7 @@ def apply_timestamp_rules(ts: TimestampRules, logits: torch.Tensor, states: list
         # log p = log_softmax(z); the row must emit a timestamp when logsumexp(log p[ts]) > max(log p[text])
         # on CUDA every row at the same alignment, padded with -inf columns (rows.aligned_rows): exp(-inf) = 0
         logprobs = torch.log_softmax(aligned_rows(logits.float()), dim=-1)
-        timestamp_lp = logprobs[:, text_end:].logsumexp(dim=-1)
+        timestamp_lp = rowwise_logsumexp(logprobs[:, text_end:])
         text_lp = logprobs[:, :text_end].max(dim=-1).values
         logits[:, :text_end].masked_fill_((timestamp_lp > text_lp)[:, None], NEG_INF)
     return logits
