@@ -130,9 +130,8 @@ class FixedShapeDecoder(Decoder):
         if self.graphs is None:
             return FixedCache(layers, batch, capacity, heads, head_dim, self.dtype, self.device, width)
         key = (batch, capacity, width)
-        cache = self._graph_pool.take(key, lambda: FixedCache(layers, batch, capacity, heads, head_dim, self.dtype,
-                                                              self.device, width, scratch=True))
-        return cache.lend(self._graph_pool, key)
+        return self._graph_pool.lend(key, lambda: FixedCache(layers, batch, capacity, heads, head_dim, self.dtype,
+                                                             self.device, width, scratch=True))
 
     def forward(self, chunks: list[list[int]], cache: FixedCache, enc: EncoderOutput | None, pad_id: int,
                 need_from: list[int] | None = None):

@@ -96,6 +96,11 @@ class GraphPool:
                 return cache
         return make()
 
+    def lend(self, key: tuple, make: Callable[[], object]):
+        """A cache of ``key``'s shape for one request (``take``), marked lent so that its ``release`` gives it
+        back here (the cache's own ``lend``: positions from 0, then ``Pooled.lent``)."""
+        return self.take(key, make).lend(self, key)
+
     def give(self, key: tuple, cache) -> None:
         with self.lock:
             self.free.setdefault(key, []).append(cache)

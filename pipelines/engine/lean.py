@@ -40,9 +40,8 @@ class LeanDecoder(Decoder):
         if size is None:
             raise ValueError("a static draft cache needs a capacity")
         key = (batch, size)
-        cache = self._graph_pool.take(key, lambda: StaticDraftCache(len(self.layers), batch, size, self.kv_heads,
-                                                                    self.head_dim, self.device, self.reads_encoder))
-        return cache.lend(self._graph_pool, key)
+        return self._graph_pool.lend(key, lambda: StaticDraftCache(len(self.layers), batch, size, self.kv_heads,
+                                                                   self.head_dim, self.device, self.reads_encoder))
 
     def forward_ids(self, ids: torch.Tensor, real: torch.Tensor, cache, enc: EncoderOutput | None):
         """Float32 logits (B, n, V') for the token ids (B, n) on the device and their real-token flags (B, n)
