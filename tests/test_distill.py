@@ -93,6 +93,8 @@ def test_an_exported_whisper_assistant_folder_loads_as_a_local_assistant(tmp_pat
     ({"curve": (100, 128)}, "sizes are whole shards of 64 clips"),
     ({"curve": (128,), "steps": 0}, "at least one optimizer step"),
     ({"curve": (64,), "main": "facebook/bart-large-cnn"}, "Whisper main models only"),
+    ({"drafter": "medusa"}, "measured in a learning curve"),
+    ({"curve": (64,), "drafter": "medusa", "heads": 0}, "at least one head"),
 ])
 def test_a_curve_it_cannot_measure_is_refused_before_anything_is_labelled(tmp_path, monkeypatch, change, message):
     """A size of part of a shard would train on the whole shard (other clips than the row says), and a text

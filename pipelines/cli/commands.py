@@ -266,7 +266,8 @@ def cmd_distill(args: argparse.Namespace) -> int:
                           heldout=args.heldout, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                           draft_vocab=args.draft_vocab, budget_minutes=args.budget_minutes, resume=args.resume,
                           device=args.device, corpus=Path(args.corpus) if args.corpus else None,
-                          label_only=args.label_only, steps=args.steps, curve=parse_sizes(args.curve))
+                          label_only=args.label_only, steps=args.steps, curve=parse_sizes(args.curve),
+                          drafter=args.drafter, heads=args.heads)
     folder = distill(opts)
     if folder is None and opts.label_only and corpus_labelled(curve_options(opts)):
         print(f"labelled: {opts.clips} training items and the held-out shard in {args.out}")
@@ -274,6 +275,9 @@ def cmd_distill(args: argparse.Namespace) -> int:
     if folder is None:
         print(f"stopped at the budget; go on with: tandem distill ... --out {args.out} --resume")
         return 3
+    if opts.drafter == "medusa":
+        print(f"learning curve: {folder / 'curve.md'} (Medusa heads are measured, not exported)")
+        return 0
     print(f"assistant: {folder} (see CARD.md there)")
     return 0
 

@@ -202,6 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=2, help="decoder layers of the assistant (default: %(default)s)")
     p.add_argument("--init", choices=("spread", "first"), default="spread", help="the main decoder's layers the assistant "
                    "starts from: spread (first, last and between; the default) or first (the main model's early exit)")
+    p.add_argument("--drafter", choices=("student", "medusa"), default="student", help="the drafter's design: a "
+                   "shallow student decoder (the default), or medusa: heads on the main decoder's hidden state (Whisper, "
+                   "with --curve: measured, not exported)")
+    p.add_argument("--heads", type=int, default=5, help="--drafter medusa: draft heads (default: %(default)s)")
     p.add_argument("--data", nargs="+", metavar="SET", help="corpus: debian-speech (Whisper; the default) or text files of one input a line (text models)")
     p.add_argument("--out", required=True, metavar="DIR", help="working folder: shards, checkpoints, and the exported assistant in DIR/assistant")
     p.add_argument("--clips", type=int, default=4000, help="training items (default 4000); items the corpus does not hold yet are labelled and added to it")

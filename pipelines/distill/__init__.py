@@ -26,7 +26,8 @@ from pathlib import Path
 from ..loading import ModelRef
 from .options import HELDOUT_SHARD, TOPK, DistillError, DistillOptions, HeldOut
 from .shards import Shard, build_features, grow_corpus, read_shard, shard_done
-from .student import spread_layers, train
+from .student import spread_layers
+from .training import train
 from .teacher import Teacher, is_whisper_ref
 
 __all__ = ["DistillError", "DistillOptions", "HeldOut", "Shard", "TOPK", "distill", "read_shard", "resolve_main",
@@ -169,6 +170,11 @@ def check_curve(opts: DistillOptions, ref: ModelRef) -> None:
     built speech-real set to measure on."""
     if opts.steps is not None and opts.steps < 1:
         raise DistillError(f"--steps {opts.steps}: at least one optimizer step")
+    if opts.drafter == "medusa" and not opts.curve:
+        raise DistillError("--drafter medusa is a study design, measured in a learning curve (--curve N,...): the "
+                           "engine has no drafter that reads the main decoder's hidden state, so there is nothing to export")
+    if opts.drafter == "medusa" and opts.heads < 1:
+        raise DistillError(f"--heads {opts.heads}: at least one head")
     if not opts.curve:
         return
     if not is_whisper_ref(ref):
@@ -198,6 +204,7 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
         torch.set_num_threads(opts.threads)
     plan_path = opts.out / "plan.json"
     plan = {"main": opts.main, "layers": opts.layers, **({"init": opts.init} if opts.init != "spread" else {}),
+            **({"drafter": opts.drafter, "heads": opts.heads} if opts.drafter != "student" else {}),
             "data": list(opts.data), "seed": opts.seed,
             "shard_size": opts.shard_size, "heldout": opts.heldout, **({"corpus": str(opts.corpus)} if opts.corpus else {})}
     if plan_path.is_file():
@@ -251,6 +258,8 @@ def run_curve(opts: DistillOptions, ref: ModelRef, label_teacher: Teacher, deadl
     if measured is None:
         return None
     points, shipped = measured
+    if opts.drafter == "medusa":  # measured only: no engine drafter reads the main's hidden state
+        return opts.out
     largest = opts.out / "curve" / str(max(opts.curve))
     state = torch.load(largest / "checkpoint.pt", weights_only=False, map_location="cpu")["state"]
     return export(opts, train_teacher, state, log, largest, [asdict(p) for p in points], shipped)

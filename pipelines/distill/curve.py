@@ -16,7 +16,8 @@ import numpy as np
 
 from .options import HELDOUT_SHARD, DistillError, DistillOptions, HeldOut
 from .shards import GROUP, Shard, read_shard
-from .student import evaluate_heldout, load_best, train
+from .student import evaluate_heldout
+from .training import draft_cost, load_best, train
 from .teacher import Teacher
 
 REAL_SET = "speech-real"
@@ -37,18 +38,7 @@ class CurvePoint:
     draft_vocab: int = 0  # tokens its head drafts
     draft_cost: float = 0.0  # multiply-adds of a drafted token / those of a main step (``draft_cost``)
     start: HeldOut | None = None  # held-out before training (for ``init=first``: the main model's early exit)
-
-
-def draft_cost(config, layers: int, rows: int, frames: int = 1500) -> float:
-    """Multiply-adds of one drafted token relative to one main-model step (batch 1, a short cache). Per decoder
-    layer: 4 d^2 (self-attention projections) + 2 d^2 (cross-attention query and output) + 2 d f (MLP, f its
-    width) + 2 T d (cross-attention over T encoder frames); the head: rows x d (the main's: the vocabulary)."""
-    d, f = config.d_model, config.decoder_ffn_dim
-
-    def macs(n_layers: int, head_rows: int) -> int:
-        return n_layers * (6 * d * d + 2 * d * f + 2 * frames * d) + head_rows * d
-
-    return round(macs(layers, rows) / macs(config.decoder_layers, config.vocab_size), 3)
+    drafter: str = "student"  # the design: a shallow student, or "medusa" (heads on the main's hidden state)
 
 
 def real_shard(teacher: Teacher, set_name: str = REAL_SET, max_new: int = 440) -> Shard:
@@ -100,16 +90,16 @@ def measure_size(opts: DistillOptions, teacher: Teacher, clips: int, real: Shard
     state = train(opts, teacher, shards, deadline, log, folder)
     if not state["finished"]:
         return None
-    student, vocab = load_best(teacher, opts, folder)
-    heldout = evaluate_heldout(student, read_shard(opts.out, HELDOUT_SHARD), vocab)
-    on_real = evaluate_heldout(student, real, vocab)
+    design = load_best(teacher, opts, folder)
+    heldout = design.evaluate(read_shard(opts.out, HELDOUT_SHARD))
+    on_real = design.evaluate(real)
     seconds, devices = labelling_cost(corpus_folder, shards) if corpus_folder else (0.0, ())
     start = state["curve"][0] if state["curve"] and state["curve"][0]["step"] == 0 else None
     point = CurvePoint(sum(len(read_shard(opts.out, s).items) for s in shards), state["step"], state["seen"], heldout,
                        on_real, seconds, devices, round(state["seconds"], 1), f"{teacher.device}: {_where(teacher)}",
-                       tuple(student.config.distill_init_layers), len(vocab),
-                       draft_cost(teacher.model.config, opts.layers, len(vocab)),
-                       None if start is None else HeldOut(start["agreement"], start["tokens_per_call"], start["coverage"]))
+                       getattr(design, "init_layers", ()), len(design.vocab), design.cost(teacher.model.config),
+                       None if start is None else HeldOut(start["agreement"], start["tokens_per_call"], start["coverage"],
+                                                          tuple(start.get("per_head", ()))), design.kind)
     tmp = done.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(asdict(point), indent=1))
     os.replace(tmp, done)
@@ -119,9 +109,12 @@ def measure_size(opts: DistillOptions, teacher: Teacher, clips: int, real: Shard
 
 
 def point_from_json(d: dict) -> CurvePoint:
-    return CurvePoint(**{**d, "heldout": HeldOut(**d["heldout"]), "real": HeldOut(**d["real"]),
+    def held(h: dict) -> HeldOut:
+        return HeldOut(**{**h, "per_head": tuple(h.get("per_head", ()))})
+
+    return CurvePoint(**{**d, "heldout": held(d["heldout"]), "real": held(d["real"]),
                          "label_devices": tuple(d["label_devices"]), "layers": tuple(d.get("layers", ())),
-                         "start": HeldOut(**d["start"]) if d.get("start") else None})
+                         "start": held(d["start"]) if d.get("start") else None})
 
 
 def shipped_point(teacher: Teacher, heldout: Shard, real: Shard) -> dict | None:
@@ -181,7 +174,9 @@ def curve_table(points: list[dict], shipped: dict | None = None) -> list[str]:
              "training s (where) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in points:
         start = f" ({p['start']['tokens_per_call']:.2f})" if p.get("start") else ""
-        lines.append(f"| {p['clips']:,} | {list(p.get('layers', ()))} | {p.get('draft_vocab', 0):,} | "
+        design = (f"Medusa heads x{len(p['heldout'].get('per_head', ()))}" if p.get("drafter") == "medusa"
+                  else str(list(p.get("layers", ()))))
+        lines.append(f"| {p['clips']:,} | {design} | {p.get('draft_vocab', 0):,} | "
                      f"{p.get('draft_cost', 0):.2f} | {p['steps']} ({p['clips_seen']:,}) | {p['heldout']['agreement']:.1%} | "
                      f"{p['heldout']['tokens_per_call']:.2f}{start} | {p['real']['agreement']:.1%} | "
                      f"{p['real']['tokens_per_call']:.2f} | {p['label_seconds']:,.0f} ({'; '.join(p['label_devices'])}) | "

@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .options import TOPK, DistillOptions
-from .student import load_best
+from .training import load_best
 from .teacher import Teacher
 
 
@@ -24,7 +24,8 @@ def export(opts: DistillOptions, teacher: Teacher, state: dict, log, folder: Pat
     ``out/assistant``; ``sizes``: the learning curve by corpus size (``curve``), shown on the card."""
     import torch
 
-    student, vocab = load_best(teacher, opts, folder or opts.out / "train")
+    best = load_best(teacher, opts, folder or opts.out / "train")
+    student, vocab = best.student, best.vocab
     final = opts.out / "assistant"
     tmp = final.with_name(f"assistant.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

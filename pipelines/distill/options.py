@@ -38,6 +38,8 @@ class DistillOptions:
     label_only: bool = False  # grow the committed corpus (Whisper; text models: the training features) and stop
     steps: int | None = None  # optimizer steps per training (None: ``epochs`` over the training items)
     curve: tuple[int, ...] = ()  # corpus sizes of the learning curve: a student trained on the first N clips each
+    drafter: str = "student"  # student (a shallow decoder) or medusa (heads on the main decoder's hidden state)
+    heads: int = 5  # medusa: draft heads, head k guessing the token k places after the main model's next one
 
     @property
     def train_shards(self) -> int:
@@ -50,3 +52,4 @@ class HeldOut:
     agreement: float  # teacher-forced top-1 agreement with the teacher's tokens
     tokens_per_call: float  # simulated at lookahead 5: accepted run + the main model's own token
     coverage: float  # share of teacher tokens inside the draft vocabulary
+    per_head: tuple[float, ...] = ()  # Medusa heads: head k's agreement with the teacher's token k places ahead

@@ -1,28 +1,22 @@
-"""The student and its training: a shallow decoder initialised from the main decoder's layers (the first and the
+"""The student: a shallow decoder initialised from the main decoder's layers (the first and the
 last, others spread between), token/position embeddings and head tied to the main model's and frozen, the
 encoder the main model's own (frozen: its output is shared exactly). Loss per label position t:
     CE(teacher token_t) + w * sum_{i in top-8} p_T(i) * (log p_T(i) - log p_S(i))
 where a Whisper student's p_S is a softmax over its draft vocabulary only (the tokens it may draft: the head's
 rows for those tokens, about a fifth of the vocabulary, so a training step costs about half as much).
-Checkpoints are atomic; a run stops at its budget and ``--resume`` goes on from the last one."""
+``training.train`` trains it (``StudentDesign``)."""
 
 from __future__ import annotations
 
 import json
-import os
-import random
-import time
 from collections import Counter
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-from .options import HELDOUT_SHARD, DistillError, DistillOptions, HeldOut
-from .shards import Shard, read_shard, shard_dir
+from .options import DistillOptions, HeldOut
+from .shards import Shard, shard_dir
 from .teacher import Teacher, forced_logits
-
-
 
 
 def spread_layers(total: int, n: int) -> list[int]:
@@ -151,27 +145,58 @@ def distill_loss(student, batch, kl_weight: float, rows=None):
     device = hidden.device
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast_pays(device)):
         logits = forced_logits(student, hidden, mask, prompts, labels, grad=True, rows=rows)
-    # column of each token id in the logits (-1: not drafted)
-    column = None
-    if rows is not None:
-        column = torch.full((student.config.vocab_size,), -1, dtype=torch.long, device=device)
-        column[rows] = torch.arange(len(rows), device=device)
+    column = draft_columns(rows, student.config.vocab_size, device)
     total, count = 0.0, 0
     for b, (p, y) in enumerate(zip(prompts, labels)):
         lp = torch.log_softmax(logits[b, len(p) - 1 : len(p) - 1 + len(y)].float(), dim=-1)
-        target = torch.tensor(y, device=device)
-        t_ids = torch.from_numpy(tk_ids[b]).long().to(device)
-        t_lp = torch.from_numpy(tk_lp[b].astype(np.float32)).to(device)
-        if column is not None:
-            target, t_ids = column[target], column[t_ids]
-            inside = target >= 0
-            lp, target, t_lp, t_ids = lp[inside], target[inside], t_lp[inside], t_ids[inside]
-        p_t = t_lp.exp() * (t_ids >= 0)  # a top-k token outside the draft vocabulary weighs 0
-        ce = -lp.gather(1, target[:, None]).sum()
-        kl = (p_t * (t_lp - lp.gather(1, t_ids.clamp(min=0)))).sum()
-        total = total + ce + kl_weight * kl
-        count += len(target)
+        loss, n = ce_kl(lp, y, tk_ids[b], tk_lp[b], column, kl_weight)
+        total, count = total + loss, count + n
     return total / max(count, 1)
+
+
+def draft_columns(rows, vocab_size: int, device):
+    """The column of each token id in logits over ``rows`` (-1: not drafted); None for the full vocabulary."""
+    import torch
+
+    if rows is None:
+        return None
+    column = torch.full((vocab_size,), -1, dtype=torch.long, device=device)
+    column[rows] = torch.arange(len(rows), device=device)
+    return column
+
+
+def ce_kl(lp, target: list[int], t_ids: np.ndarray, t_lp: np.ndarray, column, kl_weight: float):
+    """Summed CE(target) + kl_weight * KL(teacher top-k || lp) over the rows of ``lp`` (n, columns), one row
+    per target token; with ``column`` (``draft_columns``) rows whose target lies outside the draft vocabulary
+    are left out, top-k tokens outside weigh 0. Returns (sum, rows counted)."""
+    import torch
+
+    device = lp.device
+    target = torch.tensor(target, device=device)
+    t_ids = torch.from_numpy(np.asarray(t_ids)).long().to(device)
+    t_lp = torch.from_numpy(np.asarray(t_lp).astype(np.float32)).to(device)
+    if column is not None:
+        target, t_ids = column[target], column[t_ids]
+        inside = target >= 0
+        lp, target, t_lp, t_ids = lp[inside], target[inside], t_lp[inside], t_ids[inside]
+    p_t = t_lp.exp() * (t_ids >= 0)  # a top-k token outside the draft vocabulary weighs 0
+    ce = -lp.gather(1, target[:, None]).sum()
+    kl = (p_t * (t_lp - lp.gather(1, t_ids.clamp(min=0)))).sum()
+    return ce + kl_weight * kl, len(target)
+
+
+def calls_for(n: int, hit, lookahead: int) -> int:
+    """Main calls that emit ``n`` tokens when a call starting at token t accepts the drafts i = 0, 1, ... while
+    ``hit(t, i)`` (the draft for token t + i agrees), at most ``lookahead``, then adds the main model's own
+    token: each call emits (agreeing run) + 1 tokens."""
+    t = calls = 0
+    while t < n:
+        run = 0
+        while run < lookahead and t + run < n and hit(t, run):
+            run += 1
+        t += min(run + 1, n - t)
+        calls += 1
+    return calls
 
 
 def evaluate_heldout(student, shard: Shard, vocab: list[int] | None, lookahead: int = 5) -> HeldOut:
@@ -200,130 +225,9 @@ def evaluate_heldout(student, shard: Shard, vocab: list[int] | None, lookahead: 
             agree += sum(hits)
             total += len(y)
             covered += len(y) if keep is None else int(torch.isin(target, keep).sum())
-            t = 0
-            while t < len(y):
-                run = 0
-                while run < lookahead and t + run < len(y) and hits[t + run]:
-                    run += 1
-                step = min(run + 1, len(y) - t)
-                t += step
-                emitted += step
-                calls += 1
+            calls += calls_for(len(y), lambda t, i: hits[t + i], lookahead)
+            emitted += len(y)
     return HeldOut(agree / max(total, 1), emitted / max(calls, 1), covered / max(total, 1))
-
-
-def _save_checkpoint(path: Path, state: dict) -> None:
-    import torch
-
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
-def train(opts: DistillOptions, teacher: Teacher, shards_ids: list[int], deadline: float | None, log,
-          folder: Path | None = None) -> dict:
-    """Train (or go on training) the student on the features of ``shards_ids`` for ``opts.steps`` optimizer
-    steps (default: ``opts.epochs`` over them), checkpoints in ``folder`` (default: the run's ``train``);
-    returns the training state summary."""
-    import torch
-
-    from tqdm import tqdm
-
-    out = folder or opts.out / "train"
-    out.mkdir(parents=True, exist_ok=True)
-    ckpt = out / "checkpoint.pt"
-    student = make_student(teacher.model, opts.layers, opts.init).float().to(teacher.device)
-    params = [p for p in student.parameters() if p.requires_grad]
-    optim = torch.optim.AdamW(params, lr=opts.lr, weight_decay=0.01)
-    shards = {s: read_shard(opts.out, s) for s in shards_ids}
-    heldout = read_shard(opts.out, HELDOUT_SHARD)
-    order = [(s, i) for s in shards_ids for i in range(len(shards[s].items))]
-    steps_total = opts.steps if opts.steps is not None else max(1, int(opts.epochs * len(order) / opts.batch_size))
-    state = {"step": 0, "seen": 0, "best": None, "curve": [], "seconds": 0.0, "steps_total": steps_total}
-    if ckpt.is_file():
-        saved = torch.load(ckpt, weights_only=False, map_location=teacher.device)
-        planned = saved["state"].get("steps_total", steps_total)
-        if planned != steps_total:  # the learning-rate schedule and the curve's "same steps" depend on it
-            raise DistillError(f"{out} was trained towards {planned} steps, this run asks for {steps_total}: "
-                               "give the same --steps/--epochs (and --curve's largest size), or another --out")
-        student.load_state_dict(saved["student"], strict=False)
-        optim.load_state_dict(saved["optim"])
-        state = saved["state"]
-        log(f"resumed at step {state['step']} ({state['seen']} clips seen)")
-    always = list(range(teacher.tokenizer.convert_tokens_to_ids(teacher.tokenizer.eos_token) or 0,
-                        teacher.model.config.vocab_size)) if teacher.is_whisper else list(teacher.tokenizer.all_special_ids)
-    vocab = draft_vocabulary(opts.out, shards_ids, opts.draft_vocab, teacher.model.config.vocab_size, always)
-    rows = draft_rows(student, vocab)  # the student's softmax over the tokens it may draft
-    # warm-up then cosine decay, by step
-    def lr_at(step: int) -> float:
-        warm = max(1, min(100, steps_total // 20))
-        if step < warm:
-            return opts.lr * (step + 1) / warm
-        return opts.lr * 0.5 * (1 + np.cos(np.pi * min(1.0, (step - warm) / max(1, steps_total - warm))))
-
-    bar = tqdm(total=steps_total, initial=state["step"], desc="distil", unit="step")
-    t_run = time.perf_counter()
-
-    def measure() -> None:  # the held-out point of this step; the best checkpoint by tokens per call
-        nonlocal t_run
-        student.eval()
-        h = evaluate_heldout(student, heldout, vocab)
-        student.train()
-        state["seconds"] += time.perf_counter() - t_run
-        t_run = time.perf_counter()
-        point = {"step": state["step"], "clips_seen": state["seen"], "distinct_clips": min(state["seen"], len(order)),
-                 "loss": None if loss is None else round(float(loss), 4), **{k: round(v, 4) for k, v in asdict(h).items()},
-                 "cpu_seconds": round(state["seconds"], 1)}
-        state["curve"].append(point)
-        bar.set_postfix(agree=f"{h.agreement:.1%}", tpc=f"{h.tokens_per_call:.2f}")
-        log(json.dumps(point))
-        if state["best"] is None or h.tokens_per_call > state["best"]["tokens_per_call"]:
-            state["best"] = point
-            _save_checkpoint(out / "best.pt", {"student": _trainable_state(student), "vocab": vocab})
-
-    loss = None
-    if state["step"] == 0 and not state["curve"]:
-        measure()  # where training starts from (for an early exit, the main model's own first layers)
-        _save_checkpoint(ckpt, {"student": _trainable_state(student), "optim": optim.state_dict(), "state": state})
-    student.train()
-    while state["step"] < steps_total:
-        if deadline is not None and time.time() > deadline:
-            log("budget reached: stopping (resume with --resume)")
-            break
-        epoch, pos = divmod(state["step"] * opts.batch_size, len(order))
-        perm = list(order)
-        random.Random(opts.seed + epoch).shuffle(perm)
-        picks = perm[pos : pos + opts.batch_size]
-        for g in optim.param_groups:
-            g["lr"] = lr_at(state["step"])
-        loss = distill_loss(student, _batch(shards, picks, teacher.device), opts.kl_weight, rows)
-        optim.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optim.step()
-        state["step"] += 1
-        state["seen"] += len(picks)
-        bar.update(1)
-        loss = loss.detach()
-        bar.set_postfix(loss=f"{float(loss):.3f}")
-        if state["step"] % opts.eval_every == 0 or state["step"] == steps_total:
-            measure()
-            _save_checkpoint(ckpt, {"student": _trainable_state(student), "optim": optim.state_dict(), "state": state})
-    bar.close()
-    state["vocab_size"] = len(vocab)
-    state["finished"] = state["step"] >= steps_total
-    return state
-
-
-def load_best(teacher: Teacher, opts: DistillOptions, folder: Path):
-    """The student of a training folder's best checkpoint (float32, on the teacher's device) and its draft
-    vocabulary."""
-    import torch
-
-    best = torch.load(folder / "best.pt", weights_only=False, map_location=teacher.device)
-    student = make_student(teacher.model, opts.layers, opts.init).float().to(teacher.device)
-    student.load_state_dict(best["student"], strict=False)
-    return student.eval(), best["vocab"]
 
 
 def autocast_pays(device) -> bool:
@@ -340,4 +244,36 @@ def _trainable_state(student) -> dict:
     return {k: v.detach().clone() for k, v in student.named_parameters() if id(v) in names}
 
 
-#
+class StudentDesign:
+    """A shallow student as ``training.train`` trains it (``training.Design``): its layers and final norm,
+    the loss ``distill_loss`` over the draft vocabulary, measured by ``evaluate_heldout``."""
+
+    kind = "student"
+
+    def __init__(self, teacher: Teacher, opts: DistillOptions, vocab: list[int]) -> None:
+        self.student = make_student(teacher.model, opts.layers, opts.init).float().to(teacher.device)
+        self.vocab, self.kl_weight, self.layers = vocab, opts.kl_weight, opts.layers
+        self.init_layers = tuple(self.student.config.distill_init_layers)
+        self.rows = draft_rows(self.student, vocab)  # the student's softmax over the tokens it may draft
+        self.params = [p for p in self.student.parameters() if p.requires_grad]
+
+    def loss(self, shards: dict[int, Shard], picks: list[tuple[int, int]]):
+        device = next(self.student.parameters()).device
+        return distill_loss(self.student, _batch(shards, picks, device), self.kl_weight, self.rows)
+
+    def evaluate(self, shard: Shard) -> HeldOut:
+        return evaluate_heldout(self.student, shard, self.vocab)
+
+    def state(self) -> dict:
+        return _trainable_state(self.student)
+
+    def load(self, state: dict) -> None:
+        self.student.load_state_dict(state, strict=False)
+
+    def mode(self, training: bool) -> None:
+        self.student.train(training)
+
+    def cost(self, config) -> float:
+        from .training import draft_cost
+
+        return draft_cost(config, self.layers, len(self.vocab))

@@ -117,9 +117,7 @@ def forced_logits(model, hidden, enc_mask, prompts: list[list[int]], labels: lis
     from the head's rows: logits[..., j] = h . W[rows[j]]."""
     import torch
 
-    seqs = [list(p) + list(y) for p, y in zip(prompts, labels)]
-    width = max(len(s) for s in seqs)
-    ids = torch.tensor([s + [s[-1]] * (width - len(s)) for s in seqs], device=hidden.device)
+    ids = forced_ids(prompts, labels, hidden.device)
     ctx = torch.enable_grad() if grad else torch.inference_mode()
     with ctx:
         if model.config.model_type == "whisper" and not model.config.is_encoder_decoder:
@@ -131,6 +129,15 @@ def forced_logits(model, hidden, enc_mask, prompts: list[list[int]], labels: lis
 
         return model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden), attention_mask=enc_mask,
                      decoder_input_ids=ids, use_cache=False).logits
+
+
+def forced_ids(prompts: list[list[int]], labels: list[list[int]], device):
+    """prompt + labels of each item, right-padded with its last token: a LongTensor (B, L) on ``device``."""
+    import torch
+
+    seqs = [list(p) + list(y) for p, y in zip(prompts, labels)]
+    width = max(len(s) for s in seqs)
+    return torch.tensor([s + [s[-1]] * (width - len(s)) for s in seqs], device=device)
 
 
 def is_whisper_ref(ref: ModelRef) -> bool:

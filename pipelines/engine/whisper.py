@@ -47,6 +47,12 @@ class StepShape:
 #   batches of 8 (chunked long-form, all of speech-long) width 2 is faster both ways: plain 18.4-19.0 s
 #   against 19.8-20.1 s at width 4, assisted 15.8-16.6 against 17.2-17.3; at 4 rows it is mixed (plain
 #   24.8 against 26.4 s, assisted 21.2 against 20.6): width 2 from 8 rows on.
+# - AMD EPYC with AVX2 only (no AVX-512; same vendor key): float32 products of 4 rows cost more than one, as
+#   on Intel, but assisted decoding still gains most at width 4. Random weights, one row, oracle drafts of
+#   acceptance 0.8, lookahead 3, 2 threads, plain / assisted s: base shapes, 64 tokens: width 1 3.38 / 6.59,
+#   width 2 3.88 / 4.02, width 4 4.59 / 2.61; large-v3 shapes, 24 tokens: width 1 16.98 / 23.19, width 2
+#   28.04 / 21.28, width 4 31.57 / 16.62. The width serves assisted decoding (plain and assisted share it, so
+#   that their bits agree): width 4 kept; a plain-only run there is 1.36x slower than width 1 would be.
 # Elsewhere (CUDA, other CPUs): width 4, as on AMD.
 STEP_SHAPES = {
     ("GenuineIntel", torch.float32): StepShape(2, False),
