@@ -106,6 +106,7 @@ def test_a_curve_it_cannot_measure_is_refused_before_anything_is_labelled(tmp_pa
     opts = DistillOptions(**{"main": "whisper-base", "out": tmp_path / "run", **change})
     with pytest.raises(DistillError, match=message):
         distill(opts, log=lambda *_: None)
+    assert not (tmp_path / "run" / "plan.json").exists()  # the corrected command is not refused as "an earlier run"
 
 
 def test_a_curve_point_measured_at_other_steps_is_not_reused(tmp_path):

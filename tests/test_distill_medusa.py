@@ -110,3 +110,12 @@ def test_trained_heads_learn_the_tokens_after_the_main_ones(tiny):
     restored.load(d.state())
     restored.mode(False)
     assert restored.evaluate(shard) == after
+
+
+def test_a_batch_of_one_token_labels_trains_nothing_and_does_not_fail(tiny):
+    """No head has a label k places ahead: the loss is a zero that still backpropagates."""
+    shard = make_shard(tiny, [[5], [7]], np.zeros((2, 16, 32), dtype=np.float16))
+    d = design(tiny, 2)
+    loss = d.loss({0: shard}, [(0, 0), (0, 1)])
+    loss.backward()
+    assert float(loss) == 0.0 and all(p.grad is None or not p.grad.any() for p in d.params)

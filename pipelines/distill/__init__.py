@@ -170,6 +170,8 @@ def check_curve(opts: DistillOptions, ref: ModelRef) -> None:
     built speech-real set to measure on."""
     if opts.steps is not None and opts.steps < 1:
         raise DistillError(f"--steps {opts.steps}: at least one optimizer step")
+    if opts.drafter not in ("student", "medusa"):
+        raise DistillError(f"--drafter {opts.drafter!r}: student or medusa")
     if opts.drafter == "medusa" and not opts.curve:
         raise DistillError("--drafter medusa is a study design, measured in a learning curve (--curve N,...): the "
                            "engine has no drafter that reads the main decoder's hidden state, so there is nothing to export")
@@ -202,9 +204,13 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
 
     if opts.threads:
         torch.set_num_threads(opts.threads)
+    opts = curve_options(opts)
+    ref = resolve_main(opts.main)
+    check_curve(opts, ref)  # before the folder records a plan: a refused command can be corrected and run again
     plan_path = opts.out / "plan.json"
-    plan = {"main": opts.main, "layers": opts.layers, **({"init": opts.init} if opts.init != "spread" else {}),
-            **({"drafter": opts.drafter, "heads": opts.heads} if opts.drafter != "student" else {}),
+    design = ({"drafter": opts.drafter, "heads": opts.heads} if opts.drafter == "medusa"
+              else {"layers": opts.layers, **({"init": opts.init} if opts.init != "spread" else {})})
+    plan = {"main": opts.main, **design,
             "data": list(opts.data), "seed": opts.seed,
             "shard_size": opts.shard_size, "heldout": opts.heldout, **({"corpus": str(opts.corpus)} if opts.corpus else {})}
     if plan_path.is_file():
@@ -215,9 +221,6 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
     opts.out.mkdir(parents=True, exist_ok=True)
     plan_path.write_text(json.dumps(plan, indent=1))
     deadline = time.time() + opts.budget_minutes * 60 if opts.budget_minutes else None
-    opts = curve_options(opts)
-    ref = resolve_main(opts.main)
-    check_curve(opts, ref)
     # Whisper is labelled in bfloat16 (4x faster encoder on these CPUs; float16 on a GPU without bfloat16);
     # text models and all training in float32
     label_dtype = resolve_dtype(opts.device, None, "bfloat16") if is_whisper_ref(ref) else "float32"

@@ -167,8 +167,8 @@ def curve_table(points: list[dict], shipped: dict | None = None) -> list[str]:
     its draft vocabulary, its cost per drafted token relative to a main step)."""
     lines = [f"Each student: the same optimizer steps, trained on the first N clips; held-out: the corpus's shard 0 "
              f"(synthetic, its own sentences); {REAL_SET}: its clips with the main model's greedy tokens; teacher "
-             "forcing, tokens per main call simulated at lookahead 5 (before training in brackets); draft cost: "
-             "multiply-adds of a drafted token / a main step's.", "",
+             "forcing, tokens per main call simulated at lookahead 5 (Medusa heads: as many as the heads), before "
+             "training in brackets; draft cost: multiply-adds of a drafted token / a main step's.", "",
              "| clips | from layers | draft vocab | draft cost | steps (clips seen) | held-out agreement | "
              f"held-out tokens/call | {REAL_SET} agreement | {REAL_SET} tokens/call | labelling s (where) | "
              "training s (where) |", "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -47,6 +47,8 @@ def make_design(opts: DistillOptions, teacher: Teacher, vocab: list[int]) -> Des
         from .medusa import MedusaDesign
 
         return MedusaDesign(teacher, opts, vocab)
+    if opts.drafter != "student":
+        raise DistillError(f"drafter {opts.drafter!r}: student or medusa")
     return StudentDesign(teacher, opts, vocab)
 
 
@@ -133,7 +135,7 @@ def train(opts: DistillOptions, teacher: Teacher, shards_ids: list[int], deadlin
         t_run = time.perf_counter()
         point = {"step": state["step"], "clips_seen": state["seen"], "distinct_clips": min(state["seen"], len(order)),
                  "loss": None if loss is None else round(float(loss), 4),
-                 **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(h).items()},
+                 **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(h).items() if v != ()},
                  "cpu_seconds": round(state["seconds"], 1)}
         state["curve"].append(point)
         bar.set_postfix(agree=f"{h.agreement:.1%}", tpc=f"{h.tokens_per_call:.2f}")
@@ -181,6 +183,9 @@ def load_best(teacher: Teacher, opts: DistillOptions, folder: Path) -> Design:
     import torch
 
     best = torch.load(folder / "best.pt", weights_only=False, map_location=teacher.device)
+    if best.get("drafter", "student") != opts.drafter:
+        raise DistillError(f"{folder / 'best.pt'} holds a {best.get('drafter', 'student')} drafter, this run asks for "
+                           f"--drafter {opts.drafter}: choose another --out")
     design = make_design(opts, teacher, best["vocab"])
     design.load(best["student"])
     design.mode(False)
