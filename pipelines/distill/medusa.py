@@ -4,9 +4,10 @@ the main decoder's last hidden state h (after its final layer norm: the vector i
 main head reads h at position j to give label j, head k guesses label j + k:
     logits_k(h) = W_k . (h + SiLU(A_k h + b_k)),    k = 1 .. K
 W_k (rows x d, rows the draft vocabulary) starting as the main model's head W[rows], A_k and b_k zero, all
-trained (as Medusa-1 trains each head's own copy of the LM head): each head starts as the main head. A round: the main model's verify pass gives its own next token
-and h at the last accepted position; the K heads draft the K tokens after it from that one h, at once (no
-draft model, no draft steps), top-1 each, a chain (no tree). Loss per head, weighted 0.8^(k-1) as in Medusa:
+trained (as Medusa-1 trains each head's own copy of the LM head): each head starts as the main head. A round:
+the main model's verify pass gives its own next token and h at the last accepted position; the K heads draft
+the K tokens after it from that one h, at once (no draft model, no draft steps), top-1 each, a chain (no
+tree). Loss per head, weighted 0.8^(k-1) as in Medusa:
     CE(teacher token j + k) + w KL(teacher top-8 at j + k || head k at j),
 over the draft vocabulary (``student.ce_kl``). A study design: measured in the learning curve beside the
 shallow student; the engine has no drafter that reads the main's hidden state, so nothing is exported."""
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .options import DistillOptions, HeldOut
+from .options import DistillError, DistillOptions, HeldOut
 from .shards import GROUP, Shard
 from .student import _batch, calls_for, ce_kl, draft_columns
 from .teacher import Teacher, forced_ids
@@ -46,7 +47,7 @@ class MedusaDesign:
         import torch
 
         if not teacher.is_whisper:
-            raise ValueError("Medusa heads: Whisper main models only")
+            raise DistillError("Medusa heads: Whisper main models only")
         self.torch, self.main, self.vocab, self.kl_weight = torch, teacher.model, vocab, opts.kl_weight
         device = next(self.main.parameters()).device
         d = self.main.config.d_model
