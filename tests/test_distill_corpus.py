@@ -163,7 +163,7 @@ def test_the_learning_curve_trains_each_size_and_shows_it_on_the_card(sentences,
 def test_draft_cost_counts_a_drafted_tokens_multiply_adds_against_a_main_step():
     from transformers import WhisperConfig
 
-    from pipelines.distill.training import draft_cost
+    from pipelines.distill.student import draft_cost
     from pipelines.distill.student import init_layers
 
     base = WhisperConfig(d_model=512, decoder_ffn_dim=2048, decoder_layers=6, vocab_size=51865)

@@ -16,8 +16,8 @@ import numpy as np
 
 from .options import HELDOUT_SHARD, DistillError, DistillOptions, HeldOut
 from .shards import GROUP, Shard, read_shard
-from .student import evaluate_heldout
-from .training import draft_cost, load_best, train
+from .student import draft_cost, evaluate_heldout
+from .training import load_best, train
 from .teacher import Teacher
 
 REAL_SET = "speech-real"
@@ -97,7 +97,7 @@ def measure_size(opts: DistillOptions, teacher: Teacher, clips: int, real: Shard
     start = state["curve"][0] if state["curve"] and state["curve"][0]["step"] == 0 else None
     point = CurvePoint(sum(len(read_shard(opts.out, s).items) for s in shards), state["step"], state["seen"], heldout,
                        on_real, seconds, devices, round(state["seconds"], 1), f"{teacher.device}: {_where(teacher)}",
-                       getattr(design, "init_layers", ()), len(design.vocab), design.cost(teacher.model.config),
+                       design.init_layers, len(design.vocab), design.cost(teacher.model.config),
                        None if start is None else HeldOut(start["agreement"], start["tokens_per_call"], start["coverage"],
                                                           tuple(start.get("per_head", ()))), design.kind)
     tmp = done.with_suffix(f".tmp{os.getpid()}")

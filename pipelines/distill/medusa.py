@@ -18,7 +18,7 @@ import numpy as np
 
 from .options import DistillError, DistillOptions, HeldOut
 from .shards import GROUP, Shard
-from .student import _batch, calls_for, ce_kl, draft_columns
+from .student import _batch, calls_for, ce_kl, decoder_macs, draft_columns
 from .teacher import Teacher, forced_ids
 
 HEAD_DECAY = 0.8  # the weight of head k's loss is HEAD_DECAY ** (k - 1)
@@ -42,6 +42,7 @@ class MedusaDesign:
     Trainable: K x (d^2 + d + rows x d)."""
 
     kind = "medusa"
+    init_layers: tuple[int, ...] = ()  # no layers of the main decoder: heads on its output
 
     def __init__(self, teacher: Teacher, opts: DistillOptions, vocab: list[int]) -> None:
         import torch
@@ -143,8 +144,6 @@ class MedusaDesign:
 
     def cost(self, config) -> float:
         """Multiply-adds per drafted token relative to a main step: one head's block (d^2) and its rows x d
-        logits (``training.decoder_macs`` for the main step)."""
-        from .training import decoder_macs
-
+        logits (``student.decoder_macs`` for the main step)."""
         d = config.d_model
         return round((d * d + len(self.vocab) * d) / decoder_macs(config, config.decoder_layers, config.vocab_size), 3)

@@ -91,6 +91,20 @@ def _trainable(student) -> list:
     return params
 
 
+def decoder_macs(config, layers: int, head_rows: int, frames: int = 1500) -> int:
+    """Multiply-adds of one decoded token through ``layers`` Whisper decoder layers and a head of ``head_rows``
+    (batch 1, a short cache). Per layer: 4 d^2 (self-attention projections) + 2 d^2 (cross-attention query and
+    output) + 2 d f (MLP, f its width) + 2 T d (cross-attention over T encoder frames); the head: rows x d."""
+    d, f = config.d_model, config.decoder_ffn_dim
+    return layers * (6 * d * d + 2 * d * f + 2 * frames * d) + head_rows * d
+
+
+def draft_cost(config, layers: int, rows: int, frames: int = 1500) -> float:
+    """Multiply-adds of one drafted token of a ``layers``-layer student with a ``rows``-token head relative to
+    one main-model step (``decoder_macs``)."""
+    return round(decoder_macs(config, layers, rows, frames) / decoder_macs(config, config.decoder_layers, config.vocab_size, frames), 3)
+
+
 def draft_vocabulary(out: Path, shards: list[int], size: int, vocab: int, always: list[int]) -> list[int]:
     """The ``size`` most frequent label tokens of the training shards, plus ``always`` (special and timestamp
     tokens); sorted. size 0: the whole vocabulary."""
@@ -274,6 +288,4 @@ class StudentDesign:
         self.student.train(training)
 
     def cost(self, config) -> float:
-        from .training import draft_cost
-
         return draft_cost(config, self.layers, len(self.vocab))

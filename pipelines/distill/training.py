@@ -25,6 +25,7 @@ class Design(Protocol):
     """A drafter as training sees it."""
 
     kind: str  # "student" or "medusa"
+    init_layers: tuple[int, ...]  # the main decoder's layers it started from (Medusa heads: none)
     vocab: list[int]  # the tokens it drafts (sorted ids)
     params: list  # the trainable tensors
 
@@ -38,7 +39,7 @@ class Design(Protocol):
 
     def mode(self, training: bool) -> None: ...
 
-    def cost(self, config) -> float: ...  # multiply-adds per drafted token / a main step's (``draft_cost``)
+    def cost(self, config) -> float: ...  # multiply-adds per drafted token / a main step's (``student.draft_cost``)
 
 
 def make_design(opts: DistillOptions, teacher: Teacher, vocab: list[int]) -> Design:
@@ -50,20 +51,6 @@ def make_design(opts: DistillOptions, teacher: Teacher, vocab: list[int]) -> Des
     if opts.drafter != "student":
         raise DistillError(f"drafter {opts.drafter!r}: student or medusa")
     return StudentDesign(teacher, opts, vocab)
-
-
-def decoder_macs(config, layers: int, head_rows: int, frames: int = 1500) -> int:
-    """Multiply-adds of one decoded token through ``layers`` Whisper decoder layers and a head of ``head_rows``
-    (batch 1, a short cache). Per layer: 4 d^2 (self-attention projections) + 2 d^2 (cross-attention query and
-    output) + 2 d f (MLP, f its width) + 2 T d (cross-attention over T encoder frames); the head: rows x d."""
-    d, f = config.d_model, config.decoder_ffn_dim
-    return layers * (6 * d * d + 2 * d * f + 2 * frames * d) + head_rows * d
-
-
-def draft_cost(config, layers: int, rows: int, frames: int = 1500) -> float:
-    """Multiply-adds of one drafted token of a ``layers``-layer student with a ``rows``-token head relative to
-    one main-model step (``decoder_macs``)."""
-    return round(decoder_macs(config, layers, rows, frames) / decoder_macs(config, config.decoder_layers, config.vocab_size, frames), 3)
 
 
 def draft_always(teacher: Teacher) -> list[int]:
