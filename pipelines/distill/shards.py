@@ -190,4 +190,5 @@ def made(teacher: Teacher, seconds: float, corpus: Corpus) -> dict:
     from ..devices import cpu_info
 
     return {"date": time.strftime("%Y-%m-%d"), "device": teacher.device, "cpu": cpu_info()[1],
-            "seconds": round(seconds, 1), "synthesis": corpus.synthesis}
+            "seconds": round(seconds, 1), "synthesis": corpus.synthesis,
+            **({"drafter": teacher.drafter} if teacher.drafter else {})}

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..audio import SAMPLE_RATE
-from ..evalsets import PIPER_DETERMINISTIC, Speaker
+from ..synthesis import PIPER_DETERMINISTIC, Speaker
 
 WINDOW_SECONDS = 30.0
 FLITE_VOICES = {"kal": (85, 125), "kal16": (85, 125), "awb": (90, 130), "rms": (80, 120), "slt": (150, 210)}

@@ -4,26 +4,34 @@ soft targets."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ..loading import ModelRef
+from ..registry import Pair
 from .options import TOPK
 
 
 class Teacher:
-    """The main model on ``device``, its engine (plain decoding) and how its prompts and rules are made: for
-    Whisper those of the ASR pipeline itself (``WhisperRunner``)."""
+    """The main model on ``device``, its engine and how its prompts and rules are made: for Whisper those of
+    the ASR pipeline itself (``WhisperRunner``). ``drafting`` (a registry pair whose main model is ``ref``):
+    labels are decoded with that pair's assistant drafting, which gives plain greedy decoding's tokens (the
+    engine's exactness) in fewer main-model passes; None: plain decoding."""
 
-    def __init__(self, ref: ModelRef, dtype: str, device: str = "cpu") -> None:
+    def __init__(self, ref: ModelRef, dtype: str, device: str = "cpu", drafting: Pair | None = None) -> None:
         import torch
 
         from ..pairs import load_pair
-        from ..registry import Pair
 
         self.torch, self.ref, self.dtype, self.device = torch, ref, dtype, device
         self.is_whisper = is_whisper_ref(ref)
-        pair = Pair(name=f"distill-teacher {ref}", task="asr" if self.is_whisper else "summarize", main=ref,
-                    assistant=None, draft="none", share_encoder=False, dtype=dtype)
+        if drafting is not None and drafting.main != ref:
+            raise ValueError(f"pair {drafting.name!r} drafts for {drafting.main}, not for {ref}")
+        self.drafter = drafting.name if drafting is not None else None
+        pair = (replace(drafting, dtype=dtype) if drafting is not None else
+                Pair(name=f"distill-teacher {ref}", task="asr" if self.is_whisper else "summarize", main=ref,
+                     assistant=None, draft="none", share_encoder=False, dtype=dtype))
         if self.is_whisper:
             from ..asr import WhisperRunner
 
@@ -33,7 +41,7 @@ class Teacher:
             self.runner = None
             loaded = load_pair(pair, dtype, device)
         self.model, self.decoder, self.tokenizer = loaded.main_model, loaded.main, loaded.tokenizer
-        self.engine = loaded.plain
+        self.engine = loaded.engine if drafting is not None else loaded.plain
         self.gen = self.model.generation_config
 
     @property
