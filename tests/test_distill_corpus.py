@@ -206,15 +206,29 @@ def test_labels_decoded_with_the_assistant_drafting_are_plain_greedy_labels(sent
         Teacher(resolve_main("whisper-tiny.en"), "float32", drafting=pair)
 
 
-def test_a_broken_registry_labels_without_an_assistant(monkeypatch):
+def test_a_broken_registry_or_assistant_labels_without_an_assistant(monkeypatch):
+    import pipelines.distill as distill_pkg
     from pipelines import registry
-    from pipelines.distill import drafting_pair, resolve_main
+    from pipelines.distill import drafting_pair, labelling_teacher, resolve_main
+    from pipelines.loading import ModelUnavailableError
 
     ref = resolve_main("whisper-base")
+    made = []
+
+    class FakeTeacher:  # refuses to load an assistant, as a damaged one is refused
+        def __init__(self, ref, dtype, device="cpu", drafting=None):
+            if drafting is not None:
+                raise ModelUnavailableError("whisper-base-distilled: sha256 differs")
+            made.append((ref, dtype, device))
+
+    monkeypatch.setattr(distill_pkg, "Teacher", FakeTeacher)
+    lines: list[str] = []
+    assert isinstance(labelling_teacher(ref, "bfloat16", "cpu", lines.append), FakeTeacher)
+    assert made == [(ref, "bfloat16", "cpu")] and "without pair 'whisper-base+distilled'" in lines[0]
 
     def broken():
         raise registry.RegistryError("models.yaml: pairs.x.main: missing")
 
     monkeypatch.setattr(registry, "load_registry", broken)
-    lines: list[str] = []
+    lines.clear()
     assert drafting_pair(ref, lines.append) is None and "without an assistant" in lines[0]

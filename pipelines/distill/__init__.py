@@ -31,7 +31,7 @@ from .training import train
 from .teacher import Teacher, is_whisper_ref
 
 __all__ = ["DistillError", "DistillOptions", "HeldOut", "Shard", "TOPK", "distill", "read_shard", "resolve_main",
-           "spread_layers", "default_corpus", "corpus_labelled"]
+           "spread_layers", "default_corpus", "corpus_labelled", "drafting_pair", "labelling_teacher"]
 
 
 def resolve_main(name: str) -> ModelRef:
@@ -73,6 +73,23 @@ def drafting_pair(ref: ModelRef, log=print):
         if not missing_offline(pair):
             return pair
     return None
+
+
+def labelling_teacher(ref: ModelRef, dtype: str, device: str, log=print) -> Teacher:
+    """The teacher that decodes new labels: with ``drafting_pair``'s assistant drafting where it loads, else
+    plain (an assistant that cannot be had costs speed, not the run)."""
+    from ..loading import ModelUnavailableError
+
+    drafting = drafting_pair(ref, log)
+    if drafting is not None:
+        try:
+            teacher = Teacher(ref, dtype, device, drafting)
+        except ModelUnavailableError as e:
+            log(f"labelling without pair {drafting.name!r}'s assistant: {e}")
+        else:
+            log(f"new labels are decoded with pair {drafting.name!r}'s assistant drafting (equal to plain greedy decoding's)")
+            return teacher
+    return Teacher(ref, dtype, device)
 
 
 def default_corpus(ref: ModelRef) -> Path:
@@ -247,10 +264,7 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
     # Whisper is labelled in bfloat16 (4x faster encoder on these CPUs; float16 on a GPU without bfloat16);
     # text models and all training in float32
     label_dtype = resolve_dtype(opts.device, None, "bfloat16") if is_whisper_ref(ref) else "float32"
-    drafting = drafting_pair(ref, log)
-    teacher = Teacher(ref, label_dtype, opts.device, drafting)
-    if drafting is not None:
-        log(f"new labels are decoded with pair {drafting.name!r}'s assistant drafting (equal to plain greedy decoding's)")
+    teacher = labelling_teacher(ref, label_dtype, opts.device, log)
     reader = features_teacher(teacher, opts, log)
     done = build_corpus(opts, teacher, deadline, log, reader)
     n_train = opts.train_shards
