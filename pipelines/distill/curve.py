@@ -62,11 +62,13 @@ def real_shard(teacher: Teacher, set_name: str = REAL_SET, max_new: int = 440) -
 
 
 def labelling_cost(corpus_folder: Path, shards: list[int]) -> tuple[float, tuple[str, ...]]:
-    """Seconds the corpus manifest records for labelling ``shards``, and where they were labelled."""
+    """Seconds the corpus manifest records for labelling ``shards``, and where (and with which pair's
+    assistant drafting, where one did) they were labelled."""
     entries = json.loads((corpus_folder / "manifest.json").read_text())["shards"]
     made = [entries[str(s)].get("made", {}) for s in shards if str(s) in entries]
     return (round(sum(m.get("seconds", 0.0) for m in made), 1),
-            tuple(sorted({f"{m.get('device', '?')}: {m.get('cpu', '?')}" for m in made})))
+            tuple(sorted({f"{m.get('device', '?')}: {m.get('cpu', '?')}"
+                          + (f", drafted by {m['drafter']}" if m.get("drafter") else "") for m in made})))
 
 
 def shards_for(clips: int, shard_size: int) -> list[int]:
