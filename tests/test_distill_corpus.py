@@ -87,6 +87,7 @@ def test_labels_are_committed_then_reused_on_a_fresh_folder(sentences, tmp_path,
     lines = []  # a second growth run with the corpus complete labels nothing
     assert distill(DistillOptions(**{**opts.__dict__, "resume": True}), log=lines.append) is None
     assert not any("labelling" in ln for ln in lines) and corpus_labelled(opts)
+    assert not any("assistant drafting" in ln for ln in lines)  # nothing to label: no assistant loaded
     assert not corpus_labelled(DistillOptions(**{**opts.__dict__, "clips": 8}))
 
     # a fresh working folder: the labels come from the corpus; one sentence has left the index
@@ -101,6 +102,7 @@ def test_labels_are_committed_then_reused_on_a_fresh_folder(sentences, tmp_path,
                                "batch_size": 2, "eval_every": 1})
     distill(second, log=lines.append)
     assert any("labels from the corpus" in ln for ln in lines) and any("1 clips skipped" in ln for ln in lines)
+    assert not any("assistant drafting" in ln for ln in lines)
     assert any("1 of the checked clips sound different" in ln and "1/1" in ln for ln in lines)
     kept = read_shard(second.out, 1)
     assert len(kept.items) == 3

@@ -69,9 +69,7 @@ def drafting_pair(ref: ModelRef, log=print):
     except (RegistryError, OSError) as e:  # a broken models.yaml costs speed here, not the run
         log(f"labelling without an assistant: {e}")
         return None
-    # Whisper only: its main decoder gives plain decoding's bits by construction (text families are equal in
-    # float32 tests, not by construction); the assistant reads the main encoder's output (the teacher passes
-    # no encoder inputs of the assistant's own)
+    # the teacher passes the assistant the main encoder's output, no encoder inputs of its own
     candidates = [p for p in registry.pairs.values() if p.main == ref and p.assistant is not None
                   and p.draft.startswith("model") and p.share_encoder and not p.test_only]
     defaults = set(registry.defaults.values())
@@ -190,15 +188,33 @@ def build_corpus(opts: DistillOptions, teacher: Teacher, deadline: float | None,
     return build_features(opts, teacher, make, shards, max_new, deadline, log) - shard_done(opts.out, HELDOUT_SHARD)
 
 
+def corpus_holds(folder: Path, shards) -> bool:
+    """Whether the committed corpus in ``folder`` labels every one of ``shards`` (False when its manifest is
+    missing or unreadable: the corpus itself then says why, ``Corpus``)."""
+    try:
+        held = json.loads((folder / "manifest.json").read_text()).get("shards", {})
+    except (OSError, ValueError, AttributeError):
+        return False
+    return all(str(s) in held for s in shards)
+
+
 def corpus_labelled(opts: DistillOptions) -> bool:
     """Whether every shard ``opts`` asks for is labelled: in the committed corpus (Whisper, ``label_only``),
     else as training features in the run's folder."""
     wanted = range(opts.train_shards + 1)
-    manifest = (opts.corpus or default_corpus(resolve_main(opts.main))) / "manifest.json"
-    if opts.label_only and manifest.is_file():
-        held = json.loads(manifest.read_text()).get("shards", {})
-        return all(str(s) in held for s in wanted)
+    folder = opts.corpus or default_corpus(resolve_main(opts.main))
+    if opts.label_only and (folder / "manifest.json").is_file():
+        return corpus_holds(folder, wanted)
     return all(shard_done(opts.out, s) for s in wanted)
+
+
+def teacher_for(opts: DistillOptions, ref: ModelRef, dtype: str, log) -> Teacher:
+    """The teacher of this run: ``labelling_teacher`` (an assistant drafting) where the run has clips to label,
+    the plain main model where the committed corpus already labels every shard it asks for (no assistant
+    loaded for nothing, nor kept beside the feature reader)."""
+    if is_whisper_ref(ref) and corpus_holds(opts.corpus or default_corpus(ref), range(opts.train_shards + 1)):
+        return Teacher(ref, dtype, opts.device)
+    return labelling_teacher(ref, dtype, opts.device, log)
 
 
 def curve_options(opts: DistillOptions) -> DistillOptions:
@@ -270,7 +286,7 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
     # Whisper is labelled in bfloat16 (4x faster encoder on these CPUs; float16 on a GPU without bfloat16);
     # text models and all training in float32
     label_dtype = resolve_dtype(opts.device, None, "bfloat16") if is_whisper_ref(ref) else "float32"
-    teacher = labelling_teacher(ref, label_dtype, opts.device, log)
+    teacher = teacher_for(opts, ref, label_dtype, log)
     reader = features_teacher(teacher, opts, log)
     done = build_corpus(opts, teacher, deadline, log, reader)
     n_train = opts.train_shards
