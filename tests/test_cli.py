@@ -28,6 +28,20 @@ def test_models_lists_availability_and_verdicts(capsys):
     assert "whisper-base+truncated-2l  [test only]" in capsys.readouterr().out
 
 
+def test_printed_lines_reach_a_redirected_stdout_at_once(monkeypatch):
+    """A log file or pipe gets each line as it is printed (not a block at exit): a stopped run keeps its progress."""
+    import io
+
+    raw = io.BytesIO()
+    redirected = io.TextIOWrapper(raw, encoding="utf-8", line_buffering=False)  # as Python opens a redirected stdout
+    monkeypatch.setattr(sys, "stdout", redirected)
+    assert main(["models"]) == 0
+    written = raw.getvalue()
+    assert b"whisper-base+distilled (default)" in written
+    redirected.flush()
+    assert raw.getvalue() == written  # nothing was left in the buffer
+
+
 def test_broken_models_file_is_one_sentence(tmp_path, capsys):
     bad = tmp_path / "models.yaml"
     bad.write_text("pairs:\n  p:\n    task: asr\n    mian: {embedded: whisper-base}\n")

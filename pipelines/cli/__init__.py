@@ -49,8 +49,17 @@ def _set_threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
+def _line_buffered() -> None:
+    """Each printed line reaches a log file or pipe at once: Python block-buffers a redirected stdout, so a
+    long run (``tandem distill ... > log``) would show its progress late and, stopped, lose its last lines."""
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:
+        reconfigure(line_buffering=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     _quiet_libraries()
+    _line_buffered()
     args = build_parser().parse_args(argv)
     _set_threads(args.threads)
     from ..devices import DeviceError
