@@ -268,3 +268,33 @@ def test_piper_on_one_sleeping_thread_speaks_the_same_samples(sentences, tmp_pat
         b = quiet.render("piper:joe", text, tmp_path / "b.wav", piper_config=config)
         assert len(a) > 16000 and audio_sha256(a) == audio_sha256(b)
     assert quiet._piper_voice().session.get_session_options().intra_op_num_threads == 1
+
+
+def test_a_run_labels_what_the_corpus_lacks_before_encoding_what_it_holds(tmp_path, monkeypatch):
+    """Features of shards 0-4, the corpus holding 0, 2 and 4: shards 1 and 3 are labelled (and committed) first,
+    so a run stopped by its budget has grown the corpus as far as it could."""
+    import numpy as np
+
+    from pipelines.distill import shards
+
+    class HeldCorpus:
+        def has(self, shard):
+            return shard in (0, 2, 4)
+
+    order = []
+
+    def make(shard):
+        return [{"kind": "clip", "text": "", "audio": None}], (None if shard in (1, 3) else [[7]])
+
+    def featurise(teacher, items, max_new, labels=None):
+        z = np.zeros((1, 1), np.float16)
+        return z[None], None, [[1]], labels or [[5]], z.astype(np.int32), z
+
+    monkeypatch.setattr(shards, "featurise", featurise)
+    monkeypatch.setattr(shards, "add_labelled", lambda corpus, s, items, labels, made: order.append(("label", s)))
+    monkeypatch.setattr(shards, "made", lambda *a: {})
+    opts = DistillOptions(main="whisper-base", out=tmp_path)
+    lines = []
+    assert shards.build_features(opts, None, make, [0, 1, 2, 3, 4], 8, None, lines.append, HeldCorpus()) == 5
+    assert [int(ln.split()[1].rstrip(":")) for ln in lines] == [1, 3, 0, 2, 4] and order == [("label", 1), ("label", 3)]
+    assert "labelling" in lines[0] and "labels from the corpus" in lines[2]

@@ -149,9 +149,13 @@ def synthesised_ahead(make, todo: list[int], deadline: float | None):
 def build_features(opts: DistillOptions, teacher: Teacher, make, shards: list[int], max_new: int, deadline: float | None,
                    log, corpus: Corpus | None = None, reader: Teacher | None = None) -> int:
     """Build the training features of ``shards`` not yet on disk; ``make(shard)`` gives (items, labels or None).
-    New labels (``teacher``) are added to ``corpus`` (when given) shard by shard; items already labelled are
-    encoded by ``reader`` (default ``teacher``). Returns the shards done."""
+    New labels (``teacher``) are added to ``corpus`` (when given) shard by shard, before the shards it holds
+    are encoded (a run stopped by its budget has grown the committed corpus as far as it could: the features
+    stay in this folder only); items already labelled are encoded by ``reader`` (default ``teacher``).
+    Returns the shards done."""
     todo = [s for s in shards if not shard_done(opts.out, s)]
+    if corpus is not None:  # a stable sort: the shards to label first, each part in order
+        todo.sort(key=corpus.has)
     for s, items, labels in synthesised_ahead(make, todo, deadline):
         t0 = time.perf_counter()
         fresh = labels is None
