@@ -42,6 +42,18 @@ def test_printed_lines_reach_a_redirected_stdout_at_once(monkeypatch):
     assert raw.getvalue() == written  # nothing was left in the buffer
 
 
+def test_every_command_reads_the_models_file_given(tmp_path, capsys):
+    """--models reaches the benchmarks too (bench asr read the project's models.yaml, so --also could not name a
+    pair of the user's file); the environment is left as it was."""
+    import os
+
+    bad = tmp_path / "models.yaml"
+    bad.write_text("pairs:\n  p:\n    task: asr\n    mian: {embedded: whisper-base}\n")
+    assert main(["--models", str(bad), "bench", "asr", "--pair", "whisper-base+distilled", "--sets", "speech-real",
+                 "--limit", "1", "--json", str(tmp_path / "b.json")]) == 2
+    assert str(bad) in capsys.readouterr().err and "TANDEM_MODELS" not in os.environ
+
+
 def test_broken_models_file_is_one_sentence(tmp_path, capsys):
     bad = tmp_path / "models.yaml"
     bad.write_text("pairs:\n  p:\n    task: asr\n    mian: {embedded: whisper-base}\n")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from .commands import serve, ui_command
 from .parser import build_parser
@@ -77,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     from ..loading import ModelUnavailableError
     from ..registry import RegistryError
 
+    previous = os.environ.get("TANDEM_MODELS")
+    if args.models:  # every registry read of the command (benchmarks, Ray actors, the app) takes this file
+        os.environ["TANDEM_MODELS"] = str(Path(args.models).resolve())
     try:
         return args.func(args)
     except (RegistryError, ModelUnavailableError, DataBuildError, AudioDecodeError, DistillError, RegressConfigError,
@@ -86,3 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tandem: interrupted", file=sys.stderr)
         return 130
+    finally:  # main() called in-process (tests, notebooks) leaves the environment as it found it
+        if previous is None:
+            os.environ.pop("TANDEM_MODELS", None)
+        else:
+            os.environ["TANDEM_MODELS"] = previous
