@@ -328,9 +328,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     from ..devices import ENV as DEVICE_ENV
     from ..paths import PROJECT_ROOT
 
-    env = dict(os.environ)
-    if args.models:
-        env["TANDEM_MODELS"] = str(Path(args.models).resolve())
+    env = dict(os.environ)  # main() has set TANDEM_MODELS from --models for this command's run
     env[DEVICE_ENV] = args.device  # resolved here: the app loads its models there
     print(f"Tandem UI on http://127.0.0.1:{args.port}, models on {args.device} (Ctrl-C stops it)")
     return serve(ui_command(args.port), cwd=PROJECT_ROOT / "ui", env=env)

@@ -208,11 +208,11 @@ def corpus_labelled(opts: DistillOptions) -> bool:
     return all(shard_done(opts.out, s) for s in wanted)
 
 
-def teacher_for(opts: DistillOptions, ref: ModelRef, dtype: str, log) -> Teacher:
+def teacher_for(opts: DistillOptions, ref: ModelRef, whisper: bool, dtype: str, log) -> Teacher:
     """The teacher of this run: ``labelling_teacher`` (an assistant drafting) where the run has clips to label,
     the plain main model where the committed corpus already labels every shard it asks for (no assistant
     loaded for nothing, nor kept beside the feature reader)."""
-    if is_whisper_ref(ref) and corpus_holds(opts.corpus or default_corpus(ref), range(opts.train_shards + 1)):
+    if whisper and corpus_holds(opts.corpus or default_corpus(ref), range(opts.train_shards + 1)):
         return Teacher(ref, dtype, opts.device)
     return labelling_teacher(ref, dtype, opts.device, log)
 
@@ -226,7 +226,7 @@ def curve_options(opts: DistillOptions) -> DistillOptions:
                    steps=opts.steps if opts.steps is not None else max(1, int(opts.epochs * max(opts.curve) / opts.batch_size)))
 
 
-def check_curve(opts: DistillOptions, ref: ModelRef) -> None:
+def check_curve(opts: DistillOptions, whisper: bool) -> None:
     """What a learning curve needs, checked before anything is labelled (DistillError): a Whisper main model,
     sizes of whole shards (a size's students train on exactly its first N clips), at least one step and a
     built speech-real set to measure on."""
@@ -241,7 +241,7 @@ def check_curve(opts: DistillOptions, ref: ModelRef) -> None:
         raise DistillError(f"--heads {opts.heads}: at least one head")
     if not opts.curve:
         return
-    if not is_whisper_ref(ref):
+    if not whisper:
         raise DistillError("--curve measures on speech-real: Whisper main models only")
     odd = [n for n in opts.curve if n % opts.shard_size]
     if odd:
@@ -268,7 +268,8 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
         torch.set_num_threads(opts.threads)
     opts = curve_options(opts)
     ref = resolve_main(opts.main)
-    check_curve(opts, ref)  # before the folder records a plan: a refused command can be corrected and run again
+    whisper = is_whisper_ref(ref)
+    check_curve(opts, whisper)  # before the folder records a plan: a refused command can be corrected and run again
     plan_path = opts.out / "plan.json"
     design = ({"drafter": opts.drafter, "heads": opts.heads} if opts.drafter == "medusa"
               else {"layers": opts.layers, **({"init": opts.init} if opts.init != "spread" else {})})
@@ -285,8 +286,8 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
     deadline = time.time() + opts.budget_minutes * 60 if opts.budget_minutes else None
     # Whisper is labelled in bfloat16 (4x faster encoder on these CPUs; float16 on a GPU without bfloat16);
     # text models and all training in float32
-    label_dtype = resolve_dtype(opts.device, None, "bfloat16") if is_whisper_ref(ref) else "float32"
-    teacher = teacher_for(opts, ref, label_dtype, log)
+    label_dtype = resolve_dtype(opts.device, None, "bfloat16") if whisper else "float32"
+    teacher = teacher_for(opts, ref, whisper, label_dtype, log)
     reader = features_teacher(teacher, opts, log)
     done = build_corpus(opts, teacher, deadline, log, reader)
     n_train = opts.train_shards
