@@ -6,8 +6,8 @@ The package is organised one module a concern:
 - ``embedded``  Whisper weights shipped inside registry packages, converted and cached;
 - ``loading``   turning a model reference (hub id, local folder, embedded name) into objects;
 - ``audio``     decoding any audio or video file to 16 kHz mono float32;
-- ``metrics``   WER/CER, BLEU/chrF, ROUGE, each score with a reproducible signature;
-- ``evalsets``  builders of the offline evaluation sets;
+- ``quality``   the evaluation sets, metrics (each score with a reproducible signature), tandem eval,
+  regress and bench;
 - ``asr``       the speech-recognition task (preprocess -> decode -> postprocess);
 - ``cli``       the ``tandem`` command.
 """

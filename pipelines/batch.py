@@ -153,7 +153,7 @@ def _load_refs(manifest: str | None) -> dict[str, str]:
     """Reference texts keyed by audio file stem (and by item id)."""
     if not manifest:
         return {}
-    from .evalsets import read_manifest
+    from .quality.sets import read_manifest
 
     refs = {}
     for item in read_manifest(Path(manifest)):
@@ -202,7 +202,7 @@ def _progress(bar, start: float) -> Callable[[Transcript], None]:
 
 def summary_lines(run: BatchRun, job: BatchJob, refs: dict[str, str], out: str | None) -> list[str]:
     """The summary the command prints after a run (files, audio, wall time, acceptance, WER, ...)."""
-    from .metrics import wer
+    from .quality.metrics import wer
 
     good = [r for r in run.results if r.ok]
     audio = sum(r.duration for r in good)

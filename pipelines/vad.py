@@ -9,7 +9,7 @@ text, and the timestamps of the rest stay in the file's own time. Silero comes f
 
 The energy detector (``energy_regions``) is what Tandem decodes without the filter: every window louder
 than ``asr.SILENCE_RMS``, with the frames of ``asr.voiced_frames`` as its speech. It is kept here to be
-measured against Silero (``python -m pipelines.vad_bench``).
+measured against Silero (``python -m pipelines.quality.bench_vad``).
 """
 
 from __future__ import annotations

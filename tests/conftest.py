@@ -37,7 +37,7 @@ def base_dir():
 
 @pytest.fixture(scope="session")
 def speech_real():
-    from pipelines.evalsets import build_set, read_manifest
+    from pipelines.quality.sets import build_set, read_manifest
 
     build_set("speech-real")
     return read_manifest("speech-real")

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from pipelines.evalsets import project_documents, project_sentences
+from pipelines.quality.sets import project_documents, project_sentences
 from pipelines.paths import PROJECT_ROOT
 
 LANGS = ["eng_Latn", "fra_Latn", "deu_Latn"]

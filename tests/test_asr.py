@@ -33,7 +33,7 @@ def _reencode(src: Path, dest: Path, container: str, codec: str) -> None:
 
 @pytest.fixture(scope="module")
 def speech_long():
-    from pipelines.evalsets import build_set, read_manifest
+    from pipelines.quality.sets import build_set, read_manifest
 
     if shutil.which("flite") is None:
         pytest.skip("flite (Debian) is not installed")
@@ -86,7 +86,7 @@ def test_mixed_folder_in_one_command_then_resume(mixed_folder, tmp_path, capsys)
         assert reason in reasons[stem]
     assert (out / "silence.txt").read_text().strip() == ""  # silence: nothing, not a hallucination
     assert "go forward 10 meters" in (out / "goforward.txt").read_text().lower()
-    from pipelines.metrics import wer
+    from pipelines.quality.metrics import wer
 
     assert wer([(out / "long.txt").read_text()], [long["reference"]]).value < 0.15
     assert "files:           10 (3 failed)" in printed
@@ -184,7 +184,7 @@ def test_quiet_cut_goes_in_the_middle_of_the_last_pause():
 def test_chunked_long_form_times_and_identical_output(registry, speech_long):
     """Chunked long-form: the shortest recording cut at pauses, its chunks decoded in one batch; sentence
     times within 1 s, the words as good as sequential decoding's, the assistant's output equal to plain."""
-    from pipelines.metrics import wer
+    from pipelines.quality.metrics import wer
 
     item = min(speech_long, key=lambda i: i["duration"])
     pair = registry.get("whisper-base+truncated-2l")

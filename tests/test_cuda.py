@@ -114,7 +114,7 @@ def test_graphs_replayed_with_ragged_rows_on_random_weights():
     bfloat16 and float32."""
     import random
 
-    from pipelines.bench_shapes import PROMPT, SHAPES, oracle, random_whisper
+    from pipelines.quality.bench_shapes import PROMPT, SHAPES, oracle, random_whisper
     from pipelines.engine import AssistedDecoder, DecodeOptions, PolicyOptions, Rules, as_decoder, model_drafter
     from pipelines.engine.decoders import EncoderOutput
 

@@ -134,7 +134,7 @@ def test_the_detector_finds_a_host_tensor(tmp_path):
 def test_bench_shapes_oracle_sets_the_acceptance_and_output_stays_exact(monkeypatch, tmp_path):
     """The shapes benchmark on a tiny shape: an oracle that is always wrong gives one token per main call, one
     that is always right lookahead + 1; the assisted output equals Tandem plain's either way."""
-    from pipelines import bench_shapes
+    from pipelines.quality import bench_shapes
 
     monkeypatch.setitem(bench_shapes.SHAPES, "tiny", {"d_model": 64, "decoder_layers": 2, "decoder_attention_heads": 4,
                                                       "decoder_ffn_dim": 128, "vocab_size": 500})
@@ -150,7 +150,7 @@ def test_step_costs_on_a_tiny_shape(monkeypatch):
     """The step-cost table on a tiny shape on the CPU: eager rows only (the graph path is CUDA's), a positive
     wall time for each part, no kernel time (the profiler's device time is CUDA's); the calls leave the
     caches consistent (the draft cache grows a token a call, the main one is rewritten in place)."""
-    from pipelines import bench_shapes
+    from pipelines.quality import bench_shapes
 
     monkeypatch.setitem(bench_shapes.SHAPES, "tiny", {"d_model": 64, "decoder_layers": 2, "decoder_attention_heads": 4,
                                                       "decoder_ffn_dim": 128, "vocab_size": 500})

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from pipelines.distill import DistillError, DistillOptions, distill, read_shard, spread_layers
-from pipelines.evalsets import project_sentences
+from pipelines.quality.sets import project_sentences
 from pipelines.registry import load_registry
 from pipelines.text import TextOptions, TextRunner
 

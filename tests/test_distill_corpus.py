@@ -15,7 +15,8 @@ import pytest
 from pipelines.distill import DistillError, DistillOptions, corpus_labelled, distill, read_shard
 from pipelines.distill.corpus import Corpus, CorpusError, LabelledClip
 from pipelines.distill.speech import Recipe, Sentences, audio_sha256, is_heldout, make_recipe, render
-from pipelines.evalsets import Speaker, project_sentences
+from pipelines.quality.sets import project_sentences
+from pipelines.synthesis import Speaker
 
 TEACHER = "embedded:whisper-base bfloat16"
 

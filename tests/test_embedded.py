@@ -92,7 +92,7 @@ def test_derived_assistants_hold_the_chosen_layers(base_dir):
 def test_converted_base_transcribes_real_speech(registry, base_runner, speech_real):
     """The conversion is right when base hears the real recordings: exact words on the clear clips."""
     from pipelines.asr import TranscribeOptions, transcribe
-    from pipelines.metrics import normalize, wer
+    from pipelines.quality.metrics import normalize, wer
 
     options = TranscribeOptions(language="en", batch_size=6)
     results = transcribe([i["audio_path"] for i in speech_real], registry.get("whisper-base"), options, base_runner)

@@ -4,9 +4,9 @@ import shutil
 
 import pytest
 
-from pipelines import evalsets
 from pipelines.audio import load_audio
-from pipelines.evalsets import build_set, read_manifest
+from pipelines.quality import sets as evalsets
+from pipelines.quality.sets import build_set, read_manifest, store, text
 
 
 def test_speech_real_has_the_12_utterances(speech_real):
@@ -61,7 +61,7 @@ def test_translate_udhr_pairs():
 
 
 def test_udhr_alignment_falls_back_to_whole_sections():
-    pairs = evalsets.align_sections({"1": ["a", "b"], "2": ["c", "d"], "3": ["e"]}, {"1": ["A", "B"], "2": ["CD"]})
+    pairs = text.align_sections({"1": ["a", "b"], "2": ["c", "d"], "3": ["e"]}, {"1": ["A", "B"], "2": ["CD"]})
     assert pairs == [("1.1", "a", "A"), ("1.2", "b", "B"), ("2", "c d", "CD")]
 
 
@@ -122,7 +122,7 @@ def test_concurrent_builds_of_one_set_build_it_once(tmp_path, monkeypatch):
         return [{"id": "a", "input": "x"}]
 
     results = []
-    threads = [threading.Thread(target=lambda: results.append(evalsets._build_atomically("lock-test", {"v": 1}, build, False)))
+    threads = [threading.Thread(target=lambda: results.append(store.build_atomically("lock-test", {"v": 1}, build, False)))
                for _ in range(2)]
     for t in threads:
         t.start()

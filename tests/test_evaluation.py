@@ -3,7 +3,7 @@
 import json
 
 from pipelines.cli import main
-from pipelines.evaluation import SCHEMA, evaluate
+from pipelines.quality.evaluation import SCHEMA, evaluate
 
 
 def test_asr_eval_report(tmp_path, capsys, speech_real):

@@ -1,6 +1,6 @@
 import pytest
 
-from pipelines import metrics
+from pipelines.quality import metrics
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from pipelines.cli import main
-from pipelines.regress import RegressConfigError, load_config
+from pipelines.quality.regress import RegressConfigError, load_config
 
 PAIR = {"task": "asr", "main": {"embedded": "whisper-base"}, "assistant": {"embedded": "whisper-base-decoder"},
         "share_encoder": True}
@@ -143,7 +143,7 @@ def _report(speedups=(1.5, 1.5, 1.5), per_call=(2.0, 2.0, 2.0), wer=0.05, policy
 
 
 def _gate(now, base, same=True):
-    from pipelines.regress import DEFAULT_THRESHOLDS, compare
+    from pipelines.quality.regress import DEFAULT_THRESHOLDS, compare
 
     return compare("k", now, base, same, DEFAULT_THRESHOLDS)
 
@@ -200,7 +200,7 @@ def test_other_machine_compares_quality_only_and_new_evaluations_say_so():
 
 
 def test_baseline_is_matched_per_evaluation_and_machine(tmp_path):
-    from pipelines.regress_history import baselines_for, machine_of, open_history, store_run
+    from pipelines.quality.history import baselines_for, machine_of, open_history, store_run
 
     db = open_history(tmp_path / "h.sqlite")
     a, b = _report(cpu="cpu-a"), _report(cpu="cpu-b")
@@ -212,7 +212,7 @@ def test_baseline_is_matched_per_evaluation_and_machine(tmp_path):
 
 
 def test_config_mistakes_exit_2_before_anything_runs(tmp_path, capsys, monkeypatch):
-    from pipelines import evaluation
+    from pipelines.quality import evaluation
 
     monkeypatch.setattr(evaluation, "evaluate", lambda *a, **k: pytest.fail("an evaluation ran"))
     run = {"task": "asr", "pair": "whisper-base", "set": "speech-real"}
@@ -242,7 +242,7 @@ def test_config_mistakes_exit_2_before_anything_runs(tmp_path, capsys, monkeypat
 def test_history_survives_a_reader_and_a_killed_run(tmp_path):
     """A reader holding the history open does not make the run's commit fail (WAL); a run killed after its
     commit leaves a stale report that the next invocation re-renders from the history."""
-    from pipelines.regress_history import heal_report, open_history, render_report, store_run
+    from pipelines.quality.history import heal_report, open_history, render_report, store_run
 
     path = tmp_path / "history.sqlite"
     db = open_history(path)

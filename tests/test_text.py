@@ -7,7 +7,7 @@ import pytest
 import torch
 import yaml
 
-from pipelines.evalsets import project_documents, project_sentences
+from pipelines.quality.sets import project_documents, project_sentences
 from pipelines.registry import load_registry
 from pipelines.text import TextInputError, TextOptions, TextRunner, run_text
 
@@ -102,7 +102,7 @@ def test_cli_summarize_from_stdin(models_file, monkeypatch, capsys):
 
 
 def test_eval_report_for_text_tasks(models_file):
-    from pipelines.evaluation import SCHEMA, evaluate
+    from pipelines.quality.evaluation import SCHEMA, evaluate
 
     report = evaluate("summarize", "bart-pair", "summarize-own", limit=2, repeats=1, models=str(models_file))
     assert report["schema"] == SCHEMA and report["identical_rate"] == 1.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from pipelines.evalsets import project_documents, project_sentences
+from pipelines.quality.sets import project_documents, project_sentences
 from pipelines.paths import PROJECT_ROOT
 from pipelines.registry import load_registry
 from pipelines.text import MAX_INPUT_CHARS, TextOptions, TextRunner
@@ -128,7 +128,7 @@ def test_text_typed_survives_a_page_change(models):
 
 def test_transcribe_page_results_downloads_stale_inputs_and_errors(models, speech_real):
     from pipelines.asr import TranscribeOptions, transcribe
-    from pipelines.evalsets import set_dir
+    from pipelines.quality.sets import set_dir
     from pipelines.outputs import render
 
     item = speech_real[0]

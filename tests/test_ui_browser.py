@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.cli import ui_command
-from pipelines.evalsets import project_documents, set_dir
+from pipelines.quality.sets import project_documents, set_dir
 from pipelines.paths import PROJECT_ROOT
 from pipelines.registry import load_registry
 from pipelines.text import TextOptions, TextRunner

@@ -11,7 +11,7 @@ import pytest
 
 from pipelines.audio import SAMPLE_RATE as SR, load_audio, write_wav
 from pipelines.vad import VadUnavailable, energy_regions, filter_speech, mute_outside
-from pipelines.vad_bench import gaps, non_speech
+from pipelines.quality.bench_vad import gaps, non_speech
 
 GUARDS_OFF = ["--temperature", "0", "--no-speech-threshold", "off", "--logprob-threshold", "off",
               "--compression-ratio-threshold", "off"]

@@ -30,7 +30,7 @@ RESULT = "asr_result"
 
 def sample_clips() -> dict[str, Path]:
     """Clips of the built speech-real set, if it is built (``tandem data build speech-real``)."""
-    from pipelines.evalsets import read_manifest, set_dir
+    from pipelines.quality.sets import read_manifest, set_dir
 
     try:
         items = read_manifest("speech-real")

@@ -154,7 +154,7 @@ def accepted_chart(hist: dict[int, int]) -> None:
 
 
 def quality(task: str, output: str, reference: str) -> None:
-    from pipelines import metrics
+    from pipelines.quality import metrics
 
     if task == "asr":
         score = metrics.wer([output], [reference])

@@ -73,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     from ..asr import LanguageError
     from ..audio import AudioDecodeError
     from ..distill import DistillError
-    from ..regress import RegressConfigError, RegressRunError
-    from ..evalsets import DataBuildError
+    from ..quality.regress import RegressConfigError, RegressRunError
+    from ..quality.sets import DataBuildError
     from ..loading import ModelUnavailableError
     from ..registry import RegistryError
 

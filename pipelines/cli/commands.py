@@ -56,7 +56,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_data_build(args: argparse.Namespace) -> int:
-    from ..evalsets import SETS, DataBuildError, build_set
+    from ..quality.sets import SETS, DataBuildError, build_set
 
     names = args.sets or list(SETS)
     status = 0
@@ -74,7 +74,7 @@ def cmd_data_build(args: argparse.Namespace) -> int:
 
 
 def cmd_data_list(args: argparse.Namespace) -> int:
-    from ..evalsets import MANIFEST, SETS, set_dir
+    from ..quality.sets import MANIFEST, SETS, set_dir
 
     for name in SETS:
         manifest = set_dir(name) / MANIFEST
@@ -129,7 +129,7 @@ def _read_texts(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_text(args: argparse.Namespace) -> int:
-    from ..metrics import bleu, chrf, rouge
+    from ..quality.metrics import bleu, chrf, rouge
     from ..registry import load_registry
     from ..text import TextInputError, TextOptions, run_text
 
@@ -182,7 +182,7 @@ def cmd_text(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from ..engine import parse_policy
-    from ..evaluation import evaluate, format_report, write_report
+    from ..quality.evaluation import evaluate, format_report, write_report
 
     try:
         policy = parse_policy(args.lookahead)
@@ -199,7 +199,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_engine(args: argparse.Namespace) -> int:
-    from ..bench import bench_engine
+    from ..quality.bench import bench_engine
 
     bench_engine(limit=args.limit, json_path=args.json, include_toys=not args.no_toys, end_to_end=args.end_to_end,
                  dtype=args.dtype)
@@ -207,7 +207,7 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_asr(args: argparse.Namespace) -> int:
-    from ..bench_asr import bench_asr
+    from ..quality.bench_asr import bench_asr
 
     sets = tuple(x.strip() for x in args.sets.split(",") if x.strip())
     bench_asr(args.pair, sets, args.limit, args.batch_size, args.json, chunk_batch=args.chunk_batch, device=args.device,
@@ -216,7 +216,7 @@ def cmd_bench_asr(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_shapes(args: argparse.Namespace) -> int:
-    from ..bench_shapes import bench_shapes
+    from ..quality.bench_shapes import bench_shapes
 
     acceptances = tuple(float(a) for a in args.acceptance.split(",") if a.strip())
     if not acceptances or any(not 0.0 <= a <= 1.0 for a in acceptances):
@@ -225,8 +225,8 @@ def cmd_bench_shapes(args: argparse.Namespace) -> int:
     if args.step_costs:
         from dataclasses import asdict
 
-        from ..bench import environment, write_report
-        from ..bench_shapes import step_costs
+        from ..quality.bench import environment, write_report
+        from ..quality.bench_shapes import step_costs
 
         costs = step_costs(args.shape, args.dtype, args.device, args.lookahead)
         write_report({"environment": environment(args.device), "shape": args.shape, "lookahead": args.lookahead,
@@ -238,7 +238,7 @@ def cmd_bench_shapes(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_text(args: argparse.Namespace) -> int:
-    from ..bench_text import bench_text
+    from ..quality.bench_text import bench_text
 
     bench_text(args.task, args.pair, args.limit, args.max_new_tokens, args.json)
     return 0
@@ -299,7 +299,7 @@ def parse_sizes(text: str | None) -> tuple[int, ...]:
 
 def cmd_regress(args: argparse.Namespace) -> int:
     from ..paths import PROJECT_ROOT
-    from ..regress import accept, load_config, regress
+    from ..quality.regress import accept, load_config, regress
 
     config = load_config(args.config or PROJECT_ROOT / "data" / "nightly.yaml")
     if args.accept is not None:
@@ -364,7 +364,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Build the real-speech sample set and transcribe it on the default ASR pair, also decoding plainly
     (--compare) so the summary shows the speedup and the identical-output rate next to the WER."""
     from ..batch import run_transcribe
-    from ..evalsets import MANIFEST, build_set
+    from ..quality.sets import MANIFEST, build_set
 
     info = build_set("speech-real")
     print(f"sample audio: {info.count} real utterances in {info.folder / 'audio'}")

@@ -150,7 +150,7 @@ def build_corpus(opts: DistillOptions, teacher: Teacher, deadline: float | None,
     tmp = opts.out / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
     if teacher.is_whisper:
-        from ..evalsets import project_sentences
+        from ..quality.sets import project_sentences
         from ..synthesis import Speaker
         from .corpus import Corpus, CorpusError
         from .shards import SpeechSource
@@ -247,7 +247,7 @@ def check_curve(opts: DistillOptions, whisper: bool) -> None:
     if odd:
         raise DistillError(f"--curve {','.join(map(str, odd))}: sizes are whole shards of {opts.shard_size} clips "
                            f"(e.g. {','.join(str(max(1, round(n / opts.shard_size)) * opts.shard_size) for n in odd)})")
-    from ..evalsets import DataBuildError, read_manifest
+    from ..quality.sets import DataBuildError, read_manifest
     from .curve import REAL_SET
 
     try:

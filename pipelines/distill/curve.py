@@ -45,7 +45,7 @@ def real_shard(teacher: Teacher, set_name: str = REAL_SET, max_new: int = 440) -
     """A built speech set as an evaluation shard: encoder output and the teacher's greedy tokens for each clip
     of at most 30 s (DataBuildError when the set is not built)."""
     from ..audio import SAMPLE_RATE, load_audio
-    from ..evalsets import read_manifest
+    from ..quality.sets import read_manifest
 
     audio = [load_audio(it["audio_path"]) for it in read_manifest(set_name)]
     items = [{"kind": "clip", "audio": a} for a in audio if len(a) <= 30 * SAMPLE_RATE]

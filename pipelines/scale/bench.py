@@ -86,8 +86,8 @@ def bench_scale(pair_name: str | None = None, set_name: str = "speech-real", lim
                 log=print) -> dict:
     """Rows in-process (1 thread, every core) and on Ray (``actor_counts`` actors), same files and options;
     logs a table and returns (and with ``json_path`` writes) ``{"environment", "pair", "rows": [...]}``."""
-    from ..bench import environment, write_report
-    from ..evalsets import build_set, read_manifest
+    from ..quality.bench import environment, write_report
+    from ..quality.sets import build_set, read_manifest
     from ..registry import load_registry
 
     registry = load_registry()

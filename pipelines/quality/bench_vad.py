@@ -1,4 +1,4 @@
-"""Measure the voice-activity detectors on a small labelled set: ``python -m pipelines.vad_bench``.
+"""Measure the voice-activity detectors on a small labelled set: ``python -m pipelines.quality.bench_vad``.
 
 Speech: the speech-real clips and the first speech-synth clips. Non-speech, made with numpy at 16 kHz:
 digital silence, white noise (0.005, 0.05, 0.2 standard deviation), pink and brown noise, slowly pulsing
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .audio import SAMPLE_RATE, load_audio, write_wav
-from .evalsets import read_manifest
-from .vad import energy_regions, silero_regions
+from ..audio import SAMPLE_RATE, load_audio, write_wav
+from .sets import read_manifest
+from ..vad import energy_regions, silero_regions
 
 SR = SAMPLE_RATE
 DETECTORS = {"energy": energy_regions, "silero": silero_regions}
@@ -122,7 +122,7 @@ def build_files(synth: int) -> dict[str, tuple[str, np.ndarray, int, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.vad_bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m pipelines.quality.bench_vad", description=__doc__.split("\n")[0])
     parser.add_argument("--synth", type=int, default=10, help="speech-synth clips to include (default: 10)")
     parser.add_argument("--write", metavar="DIR", help="also write the non-speech and gap files here (wav)")
     parser.add_argument("--json", metavar="FILE", help="write the per-file rows here")

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from .engine import AssistedDecoder, DecodeOptions, PolicyOptions, Rules, as_decoder, model_drafter
-from .engine.rules import rules_from_generation_config
+from ..engine import AssistedDecoder, DecodeOptions, PolicyOptions, Rules, as_decoder, model_drafter
+from ..engine.rules import rules_from_generation_config
 
 
 @dataclass
@@ -135,7 +135,7 @@ def _run_tandem(w: Workload, engine: AssistedDecoder, rules_for: Callable[[list[
         enc_inputs = _collate([i["enc"] for i in items], w.pad)
         enc_out = None
         if not w.end_to_end and not is_causal:
-            from .engine import EncoderOutput
+            from ..engine import EncoderOutput
 
             hidden = torch.cat([_pad_hidden(i["hidden"], max(x["hidden"].shape[1] for x in items)) for i in items])
             enc_out = EncoderOutput(hidden, enc_inputs.get("attention_mask"))
@@ -214,9 +214,9 @@ def _format_row(r: Row) -> str:
 def whisper_workloads(limit: int, dtype: torch.dtype = torch.float32) -> list[Workload]:
     from transformers import WhisperFeatureExtractor, WhisperForCausalLM, WhisperForConditionalGeneration
 
-    from .audio import load_audio
-    from .embedded import embedded_path
-    from .evalsets import build_set, read_manifest
+    from ..audio import load_audio
+    from ..embedded import embedded_path
+    from .sets import build_set, read_manifest
 
     build_set("speech-real")
     items = read_manifest("speech-real")
@@ -284,7 +284,7 @@ def environment(device: str = "cpu") -> dict:
     """What a figure was measured on: library versions, torch threads, the CPU's model name and the device."""
     import transformers
 
-    from .devices import cpu_info
+    from ..devices import cpu_info
 
     cpu = cpu_info()[1]
     return {"torch": torch.__version__, "transformers": transformers.__version__, "threads": torch.get_num_threads(),
@@ -293,7 +293,7 @@ def environment(device: str = "cpu") -> dict:
 
 def bench_engine(limit: int = 24, json_path: str | None = None, include_toys: bool = True, end_to_end: bool = False,
                  dtype: str = "float32", log=print) -> dict:
-    from .loading import torch_dtype
+    from ..loading import torch_dtype
 
     log(f"environment: {environment()}")
     log(f"dtype: {dtype} (Whisper pairs; the random pairs run in float32)")

@@ -18,7 +18,7 @@ A config (YAML) names the evaluations to run and the thresholds:
       - {task: asr, pair: whisper-base, set: speech-real, policy: {name: constant, lookahead: 3}}
       - {task: asr, pair: whisper-base, set: speech-long, temperature: [0]}   # no fallback
 
-Every run is appended to the history (``regress_history``: SQLite, one row per run, one per evaluation with
+Every run is appended to the history (``history``: SQLite, one row per run, one per evaluation with
 its full tandem-eval/1 report). A run with no regression is accepted and becomes the next baseline;
 ``--accept ID`` accepts a run by hand (an intended change), ``--pin ID`` (or ``baseline: ID``) compares
 with a fixed run.
@@ -49,7 +49,7 @@ from pathlib import Path
 
 import yaml
 
-from .regress_history import (
+from .history import (
     Finding, accept_run, baselines_for, heal_report, machine_of, open_history, render_report, store_run,
 )
 
@@ -159,7 +159,7 @@ def _thresholds(path: Path, given) -> dict:
 
 
 def _policy(path: Path, where: str, policy) -> tuple[tuple[str, object], ...]:
-    from .engine import POLICIES, PolicyOptions
+    from ..engine import POLICIES, PolicyOptions
 
     if policy is None:
         return ()
@@ -180,8 +180,8 @@ def _policy(path: Path, where: str, policy) -> tuple[tuple[str, object], ...]:
 
 
 def _check_pairs_and_sets(path: Path, models: str | None, runs: list[EvalSpec]) -> None:
-    from .evalsets import SETS
-    from .registry import RegistryError, load_registry
+    from .sets import SETS
+    from ..registry import RegistryError, load_registry
 
     try:
         registry = load_registry(models)
@@ -203,7 +203,7 @@ def _check_pairs_and_sets(path: Path, models: str | None, runs: list[EvalSpec]) 
 def load_config(path: str | Path) -> Config:
     """Read and validate the whole regression config before anything runs (one place that validates).
     Raises RegressConfigError naming the file and the field."""
-    from .loading import DTYPES
+    from ..loading import DTYPES
 
     path = Path(path)
     try:
@@ -346,10 +346,10 @@ def regress(config: Config, pin: int | None = None, log=print, device: str = "cp
     """Run every evaluation on ``device`` ("cpu", "cuda:0": devices.resolve_device), compare each with its
     baseline (speed only with one measured on the same machine and device), store the run, write the report.
     Returns (run id, regressions, notes, report.html path). Raises RegressRunError when an evaluation cannot run."""
-    from .engine import PolicyOptions
-    from .evalsets import DataBuildError
+    from ..engine import PolicyOptions
+    from .sets import DataBuildError
     from .evaluation import evaluate
-    from .loading import ModelUnavailableError
+    from ..loading import ModelUnavailableError
 
     db = open_history(config.out / "history.sqlite")
     heal_report(db, config.out)

@@ -33,7 +33,7 @@ def _fw_model(compute_type: str, threads: int, warm_path: str, device: str = "cp
     CPU or on CUDA device N (``device`` "cuda:N")."""
     from faster_whisper import WhisperModel
 
-    from .embedded import ct2_folder
+    from ..embedded import ct2_folder
 
     kind, _, index = device.partition(":")
     model = WhisperModel(str(ct2_folder("whisper-base")), device=kind, device_index=int(index or 0),
@@ -59,8 +59,8 @@ def _fw_transcribe(model, paths: list[str], batch_size: int | None = None) -> li
 
 def _hf_transcribe(paths: list[str], runner, assistant) -> list[str]:
     """transformers' own generate (short-form, or its sequential long-form with timestamps)."""
-    from .asr import WINDOW
-    from .audio import SAMPLE_RATE, load_audio
+    from ..asr import WINDOW
+    from ..audio import SAMPLE_RATE, load_audio
 
     model, tok = runner.model, runner.tokenizer
     out = []
@@ -89,10 +89,10 @@ def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synt
     ``chunk_batch`` chunks at a time (their identical-output rate is against Tandem plain chunked). ``also``:
     pairs with the same main model and another assistant, whose Tandem assisted rows ("... [pair]") follow the
     pair's (RegistryError when a main model differs)."""
-    from .asr import TranscribeOptions, WhisperRunner, transcribe
-    from .evalsets import build_set, read_manifest
+    from ..asr import TranscribeOptions, WhisperRunner, transcribe
+    from .sets import build_set, read_manifest
     from .metrics import wer
-    from .registry import RegistryError, load_registry
+    from ..registry import RegistryError, load_registry
 
     registry = load_registry()
     pair = registry.get(pair_name)

@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .engine import AssistedDecoder, DecodeOptions, PolicyOptions, Rules, as_decoder, model_drafter
-from .engine.decoders import EncoderOutput
-from .engine.drafters import Drafter, Drafts, DrafterFactory
+from ..engine import AssistedDecoder, DecodeOptions, PolicyOptions, Rules, as_decoder, model_drafter
+from ..engine.decoders import EncoderOutput
+from ..engine.drafters import Drafter, Drafts, DrafterFactory
 
 # Decoder shapes of the OpenAI checkpoints (their config.json on the hub).
 SHAPES = {
@@ -121,8 +121,8 @@ def bench_shapes(shape: str = "whisper-base", tokens: int = 64, rows: int = 1, a
     over ``lookahead`` + 1 columns, in passes of the main decoder's width, ``engine.whisper.step_shape``).
     Returns the report (also written to ``json_path``). ``dtype``: default float32 on a CPU, devices.resolve_dtype's on CUDA."""
     from .bench import environment, write_report
-    from .devices import int8_allowed, resolve_dtype
-    from .loading import torch_dtype
+    from ..devices import int8_allowed, resolve_dtype
+    from ..loading import torch_dtype
 
     dtype = resolve_dtype(device, dtype, "float32")
     dt = torch_dtype(dtype)
@@ -192,8 +192,8 @@ def step_costs(shape: str = "whisper-base", dtype: str | None = None, device: st
     ``repeats`` times (main calls at the same position, nothing committed; draft steps committed, the cache
     growing a token a call, as drafting does) after warm-up calls that also capture the graphs; the wall
     time is the mean, the device synchronised after the last call."""
-    from .devices import int8_allowed, resolve_dtype
-    from .loading import torch_dtype
+    from ..devices import int8_allowed, resolve_dtype
+    from ..loading import torch_dtype
 
     dtype = resolve_dtype(device, dtype, "float32")
     dt, spec, cuda = torch_dtype(dtype), SHAPES[shape], torch.device(device).type == "cuda"

@@ -33,7 +33,7 @@ SCHEMA = "tandem-eval/1"
 
 
 def environment(dtype: str, device: str = "cpu") -> dict:
-    from . import __version__
+    from .. import __version__
     from .bench import environment as env
 
     commit = None
@@ -51,7 +51,7 @@ def _spread(runs: list[float]) -> dict:
 
 
 def _asr_runner(pair, items, dtype, policy, temperature=None, device="cpu"):
-    from .asr import TranscribeOptions, WhisperRunner, transcribe
+    from ..asr import TranscribeOptions, WhisperRunner, transcribe
     from .metrics import cer, wer
 
     runner = WhisperRunner(pair, dtype, device)
@@ -78,9 +78,9 @@ def _asr_runner(pair, items, dtype, policy, temperature=None, device="cpu"):
 
 
 def _text_runner(pair, task, items, dtype, policy, device="cpu"):
-    from .languages import code_in
+    from ..languages import code_in
     from .metrics import bleu, chrf, rouge
-    from .text import TextOptions, TextRunner
+    from ..text import TextOptions, TextRunner
 
     runner = TextRunner(pair, dtype, device=device)
     refs = [i["reference"] for i in items]
@@ -126,10 +126,10 @@ def evaluate(task: str, pair_name: str, set_name: str, limit: int | None = None,
              policy=None, temperature: tuple[float, ...] | None = None, device: str = "cpu") -> dict:
     """Run one evaluation and return the report (see SCHEMA). ``policy``: the engine's PolicyOptions
     (default: its own default); ``device``: where the models run ("cpu", "cuda:0": devices.resolve_device)."""
-    from .devices import resolve_dtype
-    from .engine import PolicyOptions
-    from .evalsets import build_set, read_manifest
-    from .registry import load_registry
+    from ..devices import resolve_dtype
+    from ..engine import PolicyOptions
+    from .sets import build_set, read_manifest
+    from ..registry import load_registry
 
     pair = load_registry(models).get(pair_name)
     if pair.task != task:
@@ -190,6 +190,6 @@ def format_report(r: dict) -> str:
 
 
 def write_report(report: dict, path: str | Path) -> None:
-    from .outputs import write_atomic
+    from ..outputs import write_atomic
 
     write_atomic(Path(path), json.dumps(report, indent=1))
