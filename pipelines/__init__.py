@@ -1,14 +1,15 @@
 """Tandem: assisted (speculative) decoding for speech recognition, translation and summarization.
 
-The package is organised one module a concern:
+The package is organised one module or package a concern (README.md, Layout, lists them all):
 
-- ``registry``  the pair registry (``models.yaml``), its validation and the pre-flight checks;
-- ``embedded``  Whisper weights shipped inside registry packages, converted and cached;
-- ``loading``   turning a model reference (hub id, local folder, embedded name) into objects;
+- ``engine``    assisted decoding (draft, verify, accept): knows nothing of audio, files or UI;
+- ``models``    the pair registry (``models.yaml``), model loading, pairs, the embedded weights;
+- ``asr``, ``text``  the tasks: preprocess -> engine -> postprocess;
 - ``audio``     decoding any audio or video file to 16 kHz mono float32;
 - ``quality``   the evaluation sets, metrics (each score with a reproducible signature), tandem eval,
   regress and bench;
-- ``asr``       the speech-recognition task (preprocess -> decode -> postprocess);
+- ``distill``   making an assistant for a main model that has none;
+- ``scale``     the batch job on Ray;
 - ``cli``       the ``tandem`` command.
 """
 

@@ -27,7 +27,7 @@ from .asr import Transcript, TranscribeOptions, transcribe
 from .devices import resolve_dtype
 from .inputs import display, find_inputs
 from .outputs import OutputError, OutputTree, run_signature
-from .registry import Pair
+from .models.registry import Pair
 from .vad import require_vad
 
 if TYPE_CHECKING:
@@ -247,7 +247,7 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
     """``tandem transcribe``: plan, decode (in this process, or on Ray with ``ray``) on ``device`` ("cpu",
     "cuda:0": devices.resolve_device), print; the exit status (0 all done, 1 some failed, 2 the run could not
     start, 130 interrupted)."""
-    from .registry import load_registry
+    from .models.registry import load_registry
 
     registry = load_registry(models)
     pair = registry.get(pair_name) if pair_name else registry.default("asr")

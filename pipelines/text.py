@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 from .engine import DecodeOptions, PolicyOptions, rules_from_generation_config
 from .languages import language_name
-from .pairs import LoadedPair, load_pair
-from .registry import Pair
+from .models.pairs import LoadedPair, load_pair
+from .models.registry import Pair
 
 _SENTENCE = re.compile(r"(?<=[.!?。！？])\s+")
 MAX_INPUT_CHARS = 200_000  # a larger input is refused with a clear message

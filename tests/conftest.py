@@ -23,14 +23,14 @@ def _two_threads():
 
 @pytest.fixture(scope="session")
 def registry():
-    from pipelines.registry import load_registry
+    from pipelines.models.registry import load_registry
 
     return load_registry()
 
 
 @pytest.fixture(scope="session")
 def base_dir():
-    from pipelines.embedded import embedded_path
+    from pipelines.models.embedded import embedded_path
 
     return embedded_path("whisper-base")
 

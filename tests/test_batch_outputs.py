@@ -154,7 +154,7 @@ def test_outputs_take_the_umask(tmp_path, clips, capsys):
 def test_unreachable_hub_fails_fast(monkeypatch):
     """A hub model that is not cached, on a machine where the hub cannot be reached: the clear line within
     seconds (a closed local port as the hub), and at once with HF_HUB_OFFLINE."""
-    from pipelines import loading
+    from pipelines.models import loading
 
     ref = loading.ModelRef("hub", "tandem-test/not-there")
     loading.hub_reachable.cache_clear()

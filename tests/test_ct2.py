@@ -3,7 +3,7 @@ import struct
 import numpy as np
 import pytest
 
-from pipelines.ct2 import CT2FormatError, read_ct2
+from pipelines.models.ct2 import CT2FormatError, read_ct2
 
 
 def _str(s: str) -> bytes:

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 def cuda_runner():
     from pipelines.asr import WhisperRunner
     from pipelines.devices import resolve_device
-    from pipelines.registry import load_registry
+    from pipelines.models.registry import load_registry
 
     pair = load_registry().get("whisper-base+distilled")
     return WhisperRunner(pair, None, resolve_device("cuda"))
@@ -50,7 +50,7 @@ def test_assisted_equals_plain_on_cuda(speech_real, dtype, lookahead):
     from pipelines.asr import TranscribeOptions, WhisperRunner, transcribe
     from pipelines.devices import resolve_device
     from pipelines.engine import parse_policy
-    from pipelines.registry import load_registry
+    from pipelines.models.registry import load_registry
 
     device = resolve_device("cuda")
     pair = load_registry().get("whisper-base+distilled")

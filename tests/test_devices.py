@@ -224,7 +224,8 @@ def test_distill_encodes_labelled_clips_in_float32_where_bfloat16_is_emulated(mo
 
 def test_loading_a_pair_in_an_emulated_dtype_says_so(monkeypatch, registry):
     """bfloat16 on a CPU without bfloat16 units: the pair loads and the run warns that float32 is faster there."""
-    from pipelines import devices, pairs
+    from pipelines import devices
+    from pipelines.models import pairs
 
     monkeypatch.setattr(pairs, "half_is_native", lambda device, dtype: dtype == "float32")
     monkeypatch.setattr(pairs, "load_model", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("loaded")))

@@ -12,7 +12,7 @@ import yaml
 
 from pipelines.distill import DistillError, DistillOptions, distill, read_shard, spread_layers
 from pipelines.quality.sets import project_sentences
-from pipelines.registry import load_registry
+from pipelines.models.registry import load_registry
 from pipelines.text import TextOptions, TextRunner
 
 
@@ -52,7 +52,7 @@ def test_distill_a_text_model_resume_and_use_it(local_models_file, tmp_path):
 
 
 def test_a_damaged_shipped_assistant_is_refused(tmp_path, monkeypatch):
-    from pipelines import embedded
+    from pipelines.models import embedded
 
     spec = embedded.DERIVED["whisper-base-distilled"]
     src = embedded.ASSISTANTS_DIR / spec.trained
@@ -70,8 +70,8 @@ def test_a_damaged_shipped_assistant_is_refused(tmp_path, monkeypatch):
 
 
 def test_an_exported_whisper_assistant_folder_loads_as_a_local_assistant(tmp_path):
-    from pipelines import embedded
-    from pipelines.loading import ModelRef, ModelUnavailableError, is_available_offline, resolve
+    from pipelines.models import embedded
+    from pipelines.models.loading import ModelRef, ModelUnavailableError, is_available_offline, resolve
 
     shipped = embedded.ASSISTANTS_DIR / "whisper-base-distilled"
     if not (shipped / "assistant.json").is_file():

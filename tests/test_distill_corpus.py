@@ -212,9 +212,9 @@ def test_labels_decoded_with_the_assistant_drafting_are_plain_greedy_labels(sent
 
 def test_a_broken_registry_or_assistant_labels_without_an_assistant(monkeypatch):
     import pipelines.distill as distill_pkg
-    from pipelines import registry
+    from pipelines.models import registry
     from pipelines.distill import drafting_pair, labelling_teacher, resolve_main
-    from pipelines.loading import ModelUnavailableError
+    from pipelines.models.loading import ModelUnavailableError
 
     ref = resolve_main("whisper-base")
     made = []
@@ -243,9 +243,9 @@ def test_only_a_whisper_assistant_over_the_main_encoder_drafts_labels(monkeypatc
     text main model's pair (equal to plain decoding in float32 tests, not by construction)."""
     from dataclasses import replace
 
-    from pipelines import registry
+    from pipelines.models import registry
     from pipelines.distill import drafting_pair, resolve_main
-    from pipelines.loading import ModelRef
+    from pipelines.models.loading import ModelRef
 
     real = registry.load_registry()
     pair = real.pairs["whisper-base+distilled"]

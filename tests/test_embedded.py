@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import embedded, paths
-from pipelines.embedded import STAMP, WEIGHTS, EmbeddedModelError, embedded_path
+from pipelines import paths
+from pipelines.models import cache, convert, embedded
+from pipelines.models.embedded import STAMP, WEIGHTS, EmbeddedModelError, embedded_path
 
 
 def test_converted_base_folder_is_complete(base_dir):
@@ -53,7 +54,7 @@ def test_damaged_cache_is_rebuilt(private_cache, damage):
         meta["source_sha256"] = "0" * 64
         (private_cache / STAMP).write_text(json.dumps(meta))
     path = embedded_path("whisper-base")
-    assert embedded._is_complete(path, embedded.WHISPER["whisper-base"].sha256)
+    assert cache.is_complete(path, embedded.WHISPER["whisper-base"].sha256)
     assert not list(path.parent.glob("whisper-base.tmp-*"))  # no half-written folder left behind
 
 
@@ -117,4 +118,4 @@ def test_english_only_model_is_converted_and_repaired_as_english_only(tmp_path, 
     assert embedded_path("whisper-tiny.en") == folder
     gen = json.loads(gen_path.read_text())
     assert gen["is_multilingual"] is False and gen["lang_to_id"] == {} and (folder / STAMP).read_text() == stamp
-    assert not embedded.repair_language_flag(folder)  # already right: left alone
+    assert not convert.repair_language_flag(folder)  # already right: left alone

@@ -9,7 +9,7 @@ import torch
 from transformers import WhisperForCausalLM
 
 from pipelines.devices import half_is_native
-from pipelines.embedded import embedded_path
+from pipelines.models.embedded import embedded_path
 from pipelines.engine import (
     AssistedDecoder, DecodeOptions, PolicyOptions, as_decoder, model_drafter, rules_from_generation_config,
 )
@@ -54,7 +54,7 @@ def setup(speech_real):
 
 
 def _distilled_shipped() -> bool:
-    from pipelines.embedded import ASSISTANTS_DIR
+    from pipelines.models.embedded import ASSISTANTS_DIR
 
     return (ASSISTANTS_DIR / "whisper-base-distilled" / "assistant.json").is_file()
 

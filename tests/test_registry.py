@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.registry import RegistryError, load_registry, preflight
+from pipelines.models.registry import RegistryError, load_registry, preflight
 
 GOOD = {
     "defaults": {"asr": "p"},
@@ -110,7 +110,7 @@ def test_preflight_rejects_wrong_mel_bins(tmp_path, base_dir):
 
 
 def test_preflight_rejects_a_different_tokenizer(tmp_path, base_dir):
-    from pipelines.embedded import embedded_path
+    from pipelines.models.embedded import embedded_path
 
     folder = _config_only_folder(tmp_path, "tiny", embedded_path("whisper-tiny.en"))
     verdict = preflight(load_registry(_pair_file(tmp_path, folder, share=False)).get("x"))

@@ -45,7 +45,7 @@ def _perturbed_main(folder):
     import torch
     from transformers import WhisperForConditionalGeneration
 
-    from pipelines.embedded import embedded_path
+    from pipelines.models.embedded import embedded_path
 
     model = WhisperForConditionalGeneration.from_pretrained(embedded_path("whisper-base"))
     torch.manual_seed(0)

@@ -8,7 +8,7 @@ import torch
 import yaml
 
 from pipelines.quality.sets import project_documents, project_sentences
-from pipelines.registry import load_registry
+from pipelines.models.registry import load_registry
 from pipelines.text import TextInputError, TextOptions, TextRunner, run_text
 
 from local_models import LANGS

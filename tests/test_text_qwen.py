@@ -13,10 +13,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from pipelines.embedded_gguf import GGUF, is_installed
+from pipelines.models.embedded_gguf import GGUF, is_installed
 from pipelines.engine import DecodeOptions, rules_from_generation_config
-from pipelines.pairs import engine_for
-from pipelines.registry import load_registry
+from pipelines.models.pairs import engine_for
+from pipelines.models.registry import load_registry
 from pipelines.text import TextOptions, TextRunner
 
 pytestmark = [

@@ -7,7 +7,7 @@ import yaml
 
 from pipelines.quality.sets import project_documents, project_sentences
 from pipelines.paths import PROJECT_ROOT
-from pipelines.registry import load_registry
+from pipelines.models.registry import load_registry
 from pipelines.text import MAX_INPUT_CHARS, TextOptions, TextRunner
 
 streamlit = pytest.importorskip("streamlit")
@@ -193,7 +193,7 @@ def test_english_only_plain_pair_language_fixed_and_plain_metrics(models, speech
 def test_unavailable_models_name_the_command_that_gets_them(monkeypatch):
     import sys
 
-    from pipelines.loading import ModelRef
+    from pipelines.models.loading import ModelRef
 
     monkeypatch.syspath_prepend(str(PROJECT_ROOT / "ui"))
     views = sys.modules.get("views") or __import__("views")

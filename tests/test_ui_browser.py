@@ -19,7 +19,7 @@ import pytest
 from pipelines.cli import ui_command
 from pipelines.quality.sets import project_documents, set_dir
 from pipelines.paths import PROJECT_ROOT
-from pipelines.registry import load_registry
+from pipelines.models.registry import load_registry
 from pipelines.text import TextOptions, TextRunner
 
 from ui_server import free_port, wait_healthy

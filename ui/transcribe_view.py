@@ -18,7 +18,7 @@ from views import (accepted_chart, choose_pair, compare_box, copyable, device, l
 from pipelines.asr import Progress, Transcript, TranscribeOptions, transcribe
 from pipelines.audio import AudioDecodeError
 from pipelines.outputs import render, timestamp
-from pipelines.registry import Pair
+from pipelines.models.registry import Pair
 
 UPLOAD_LIMIT_MB = 200  # also server.maxUploadSize in ui/.streamlit/config.toml
 AUDIO_TYPES = ["wav", "flac", "mp3", "m4a", "ogg", "opus", "mp4", "webm", "mkv"]
@@ -43,9 +43,9 @@ def sample_clips() -> dict[str, Path]:
 @st.cache_data(show_spinner=False)
 def english_only(pair_name: str, models: str | None) -> bool:
     """Whether the pair's model is an English-only Whisper (read from its config; weights are not loaded)."""
-    from pipelines.embedded import is_multilingual_vocab
-    from pipelines.loading import ModelUnavailableError, load_config
-    from pipelines.registry import load_registry
+    from pipelines.models.convert import is_multilingual_vocab
+    from pipelines.models.loading import ModelUnavailableError, load_config
+    from pipelines.models.registry import load_registry
 
     try:
         config = load_config(load_registry(models).get(pair_name).main)

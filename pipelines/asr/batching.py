@@ -16,7 +16,7 @@ from ..audio import SAMPLE_RATE, AudioDecodeError
 from ..inputs import find_audio
 from ..engine import DecodeStats
 from ..safeguards import MIN_AUDIO_SECONDS, decide
-from ..registry import Pair
+from ..models.registry import Pair
 from ..vad import filter_speech, require_vad
 from .options import Progress, Segment, TranscribeOptions, Transcript
 from .runner import WhisperRunner

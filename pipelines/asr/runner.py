@@ -9,8 +9,8 @@ import numpy as np
 
 from ..audio import SAMPLE_RATE
 from ..engine import DecodeOptions, EncoderOutput, Rules, Sampling, TimestampRules, rules_from_generation_config
-from ..pairs import load_pair
-from ..registry import Pair
+from ..models.pairs import load_pair
+from ..models.registry import Pair
 from .options import LanguageError, TranscribeOptions
 
 
@@ -23,7 +23,7 @@ class WhisperRunner:
         import torch
         from transformers import WhisperFeatureExtractor
 
-        from ..loading import resolve
+        from ..models.loading import resolve
 
         self.pair = pair
         self.loaded = load_pair(pair, dtype, device)

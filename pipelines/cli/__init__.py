@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     from ..distill import DistillError
     from ..quality.regress import RegressConfigError, RegressRunError
     from ..quality.sets import DataBuildError
-    from ..loading import ModelUnavailableError
-    from ..registry import RegistryError
+    from ..models.loading import ModelUnavailableError
+    from ..models.registry import RegistryError
 
     previous = os.environ.get("TANDEM_MODELS")
     if args.models:  # every registry read of the command (benchmarks, Ray actors, the app) takes this file

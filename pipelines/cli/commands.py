@@ -16,15 +16,15 @@ from pathlib import Path
 
 
 def _unavailable(pair) -> str:
-    from ..loading import how_to_get
-    from ..registry import missing_offline
+    from ..models.loading import how_to_get
+    from ..models.registry import missing_offline
 
     hints = dict.fromkeys(how_to_get(ref) for ref in missing_offline(pair))  # in order, once each
     return "not available; " + "; ".join(hints)
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from ..registry import load_registry, missing_offline, preflight
+    from ..models.registry import load_registry, missing_offline, preflight
 
     registry = load_registry(args.models)
     rows = []
@@ -130,7 +130,7 @@ def _read_texts(args: argparse.Namespace) -> list[str]:
 
 def cmd_text(args: argparse.Namespace) -> int:
     from ..quality.metrics import bleu, chrf, rouge
-    from ..registry import load_registry
+    from ..models.registry import load_registry
     from ..text import TextInputError, TextOptions, run_text
 
     task = args.command

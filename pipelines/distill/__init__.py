@@ -23,7 +23,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ..loading import ModelRef
+from ..models.loading import ModelRef
 from .options import HELDOUT_SHARD, TOPK, DistillError, DistillOptions, HeldOut
 from .shards import Shard, build_features, grow_corpus, read_shard, shard_done
 from .student import spread_layers
@@ -36,8 +36,8 @@ __all__ = ["DistillError", "DistillOptions", "HeldOut", "Shard", "TOPK", "distil
 
 def resolve_main(name: str) -> ModelRef:
     """A pair name gives its main model; otherwise an embedded name, an existing folder, or a hub id."""
-    from ..embedded import embedded_names
-    from ..registry import load_registry
+    from ..models.embedded import embedded_names
+    from ..models.registry import load_registry
 
     try:
         registry = load_registry()
@@ -60,7 +60,7 @@ def drafting_pair(ref: ModelRef, log=print):
     out), with all its models available offline now; None (plain decoding) when there is none or ``ref`` is
     not Whisper. Its drafts never change a label: Whisper's fixed-shape main decoder gives plain greedy
     decoding's tokens whatever drafts."""
-    from ..registry import RegistryError, load_registry, missing_offline
+    from ..models.registry import RegistryError, load_registry, missing_offline
 
     if not is_whisper_ref(ref):
         return None
@@ -82,7 +82,7 @@ def drafting_pair(ref: ModelRef, log=print):
 def labelling_teacher(ref: ModelRef, dtype: str, device: str, log=print) -> Teacher:
     """The teacher that decodes new labels: with ``drafting_pair``'s assistant drafting where it loads, else
     plain (an assistant that cannot be had costs speed, not the run)."""
-    from ..loading import ModelUnavailableError
+    from ..models.loading import ModelUnavailableError
 
     drafting = drafting_pair(ref, log)
     if drafting is not None:

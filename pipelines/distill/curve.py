@@ -124,7 +124,7 @@ def shipped_point(teacher: Teacher, heldout: Shard, real: Shard) -> dict | None:
     are: a row to compare the curve with; None when none is shipped for it."""
     from safetensors.torch import load_file
 
-    from ..embedded import ASSISTANTS_DIR, DERIVED
+    from ..models.embedded import ASSISTANTS_DIR, DERIVED
     from .student import make_student
 
     spec = next((d for d in DERIVED.values() if d.trained and f"embedded:{d.base}" == str(teacher.ref)), None)

@@ -1,5 +1,5 @@
 """The assistant from the best checkpoint: for Whisper the distinct layers only (bfloat16 safetensors), the
-draft vocabulary, a checksum and a card (``pipelines/embedded.py`` assembles a ``WhisperForCausalLM`` around
+draft vocabulary, a checksum and a card (``pipelines/models/embedded.py`` assembles a ``WhisperForCausalLM`` around
 the main model's embeddings); for text models a full transformers folder with the same tokenizer."""
 
 from __future__ import annotations

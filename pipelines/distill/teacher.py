@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..loading import ModelRef
-from ..registry import Pair
+from ..models.loading import ModelRef
+from ..models.registry import Pair
 from .options import TOPK
 
 
@@ -22,7 +22,7 @@ class Teacher:
     def __init__(self, ref: ModelRef, dtype: str, device: str = "cpu", drafting: Pair | None = None) -> None:
         import torch
 
-        from ..pairs import load_pair
+        from ..models.pairs import load_pair
 
         self.torch, self.ref, self.dtype, self.device = torch, ref, dtype, device
         self.is_whisper = is_whisper_ref(ref)
@@ -149,6 +149,6 @@ def forced_ids(prompts: list[list[int]], labels: list[list[int]], device):
 
 
 def is_whisper_ref(ref: ModelRef) -> bool:
-    from ..loading import load_config
+    from ..models.loading import load_config
 
     return load_config(ref).model_type == "whisper"

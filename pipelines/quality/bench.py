@@ -215,7 +215,7 @@ def whisper_workloads(limit: int, dtype: torch.dtype = torch.float32) -> list[Wo
     from transformers import WhisperFeatureExtractor, WhisperForCausalLM, WhisperForConditionalGeneration
 
     from ..audio import load_audio
-    from ..embedded import embedded_path
+    from ..models.embedded import embedded_path
     from .sets import build_set, read_manifest
 
     build_set("speech-real")
@@ -293,7 +293,7 @@ def environment(device: str = "cpu") -> dict:
 
 def bench_engine(limit: int = 24, json_path: str | None = None, include_toys: bool = True, end_to_end: bool = False,
                  dtype: str = "float32", log=print) -> dict:
-    from ..loading import torch_dtype
+    from ..models.loading import torch_dtype
 
     log(f"environment: {environment()}")
     log(f"dtype: {dtype} (Whisper pairs; the random pairs run in float32)")

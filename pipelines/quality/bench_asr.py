@@ -33,7 +33,7 @@ def _fw_model(compute_type: str, threads: int, warm_path: str, device: str = "cp
     CPU or on CUDA device N (``device`` "cuda:N")."""
     from faster_whisper import WhisperModel
 
-    from ..embedded import ct2_folder
+    from ..models.embedded import ct2_folder
 
     kind, _, index = device.partition(":")
     model = WhisperModel(str(ct2_folder("whisper-base")), device=kind, device_index=int(index or 0),
@@ -92,7 +92,7 @@ def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synt
     from ..asr import TranscribeOptions, WhisperRunner, transcribe
     from .sets import build_set, read_manifest
     from .metrics import wer
-    from ..registry import RegistryError, load_registry
+    from ..models.registry import RegistryError, load_registry
 
     registry = load_registry()
     pair = registry.get(pair_name)

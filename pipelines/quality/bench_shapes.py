@@ -122,7 +122,7 @@ def bench_shapes(shape: str = "whisper-base", tokens: int = 64, rows: int = 1, a
     Returns the report (also written to ``json_path``). ``dtype``: default float32 on a CPU, devices.resolve_dtype's on CUDA."""
     from .bench import environment, write_report
     from ..devices import int8_allowed, resolve_dtype
-    from ..loading import torch_dtype
+    from ..models.loading import torch_dtype
 
     dtype = resolve_dtype(device, dtype, "float32")
     dt = torch_dtype(dtype)
@@ -193,7 +193,7 @@ def step_costs(shape: str = "whisper-base", dtype: str | None = None, device: st
     growing a token a call, as drafting does) after warm-up calls that also capture the graphs; the wall
     time is the mean, the device synchronised after the last call."""
     from ..devices import int8_allowed, resolve_dtype
-    from ..loading import torch_dtype
+    from ..models.loading import torch_dtype
 
     dtype = resolve_dtype(device, dtype, "float32")
     dt, spec, cuda = torch_dtype(dtype), SHAPES[shape], torch.device(device).type == "cuda"

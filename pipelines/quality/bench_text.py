@@ -18,7 +18,7 @@ import torch
 
 from ..engine import DecodeOptions, PolicyOptions, rules_from_generation_config
 from .evaluation import take
-from ..pairs import engine_for
+from ..models.pairs import engine_for
 
 SETS = {"summarize": "summarize-own", "translate": "translate-udhr"}
 TARGETS = ("deu", "fra", "spa")  # translate-udhr: English into these
@@ -87,7 +87,7 @@ def bench_text(task: str, pair_name: str | None = None, limit: int = 4, max_new_
     """Run the systems on ``limit`` items of the task's set and print (and write) the table.
     Raises ``RegistryError`` / ``ModelUnavailableError`` when the pair cannot be had."""
     from .bench import environment, write_report
-    from ..registry import load_registry
+    from ..models.registry import load_registry
     from ..text import TextRunner
 
     registry = load_registry(models)

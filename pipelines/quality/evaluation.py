@@ -129,7 +129,7 @@ def evaluate(task: str, pair_name: str, set_name: str, limit: int | None = None,
     from ..devices import resolve_dtype
     from ..engine import PolicyOptions
     from .sets import build_set, read_manifest
-    from ..registry import load_registry
+    from ..models.registry import load_registry
 
     pair = load_registry(models).get(pair_name)
     if pair.task != task:

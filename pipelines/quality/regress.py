@@ -181,7 +181,7 @@ def _policy(path: Path, where: str, policy) -> tuple[tuple[str, object], ...]:
 
 def _check_pairs_and_sets(path: Path, models: str | None, runs: list[EvalSpec]) -> None:
     from .sets import SETS
-    from ..registry import RegistryError, load_registry
+    from ..models.registry import RegistryError, load_registry
 
     try:
         registry = load_registry(models)
@@ -203,7 +203,7 @@ def _check_pairs_and_sets(path: Path, models: str | None, runs: list[EvalSpec]) 
 def load_config(path: str | Path) -> Config:
     """Read and validate the whole regression config before anything runs (one place that validates).
     Raises RegressConfigError naming the file and the field."""
-    from ..loading import DTYPES
+    from ..models.loading import DTYPES
 
     path = Path(path)
     try:
@@ -349,7 +349,7 @@ def regress(config: Config, pin: int | None = None, log=print, device: str = "cp
     from ..engine import PolicyOptions
     from .sets import DataBuildError
     from .evaluation import evaluate
-    from ..loading import ModelUnavailableError
+    from ..models.loading import ModelUnavailableError
 
     db = open_history(config.out / "history.sqlite")
     heal_report(db, config.out)

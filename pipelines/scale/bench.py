@@ -88,7 +88,7 @@ def bench_scale(pair_name: str | None = None, set_name: str = "speech-real", lim
     logs a table and returns (and with ``json_path`` writes) ``{"environment", "pair", "rows": [...]}``."""
     from ..quality.bench import environment, write_report
     from ..quality.sets import build_set, read_manifest
-    from ..registry import load_registry
+    from ..models.registry import load_registry
 
     registry = load_registry()
     pair = registry.get(pair_name) if pair_name else registry.default("asr")

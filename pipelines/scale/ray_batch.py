@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..asr import Transcript, TranscribeOptions, transcribe
 from ..batch import BatchJob
-from ..registry import Pair
+from ..models.registry import Pair
 from . import RayOptions, require_ray
 
 LOST = "its Ray worker died on every try ({tries} tries); run again to retry it"

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from .loading import DTYPES, ModelRef, ModelUnavailableError, is_available_offline, load_config, load_tokenizer
-from .paths import PROJECT_ROOT
+from ..paths import PROJECT_ROOT
 
 TASKS = ("asr", "translate", "summarize")
 DRAFTERS = ("none", "model", "prompt-lookup", "model+prompt-lookup")

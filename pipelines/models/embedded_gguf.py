@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import paths
+from .. import paths
 
 GGUF_NAME = "model.gguf"
 
@@ -117,10 +117,10 @@ def convert_gguf(spec: EmbeddedGGUF, out: Path) -> None:
 
 def gguf_path(name: str) -> Path:
     """The transformers folder of GGUF model ``name``, joining, checking and converting on first use."""
-    from .embedded import _build_into, _is_complete
+    from .cache import build_into, is_complete
 
     spec = GGUF[name]
     final = paths.models_dir() / name
-    if _is_complete(final, spec.sha256):
+    if is_complete(final, spec.sha256):
         return final
-    return _build_into(final, lambda tmp: convert_gguf(spec, tmp), spec.sha256)
+    return build_into(final, lambda tmp: convert_gguf(spec, tmp), spec.sha256)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, replace
 
-from .devices import HALF_UNITS, half_is_native, int8_allowed, resolve_dtype
-from .engine import AssistedDecoder, Decoder, as_decoder, model_drafter, prompt_lookup
+from ..devices import HALF_UNITS, half_is_native, int8_allowed, resolve_dtype
+from ..engine import AssistedDecoder, Decoder, as_decoder, model_drafter, prompt_lookup
 from .loading import load_model, load_tokenizer
 from .registry import Pair
 
