@@ -1,8 +1,10 @@
-"""Where Tandem keeps what it builds: one cache root, configurable by ``TANDEM_CACHE``."""
+"""Where Tandem keeps what it builds (one cache root, configurable by ``TANDEM_CACHE``), the lock a build
+holds, and how a file is written in one piece (``write_atomic``)."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,3 +61,28 @@ def build_lock(final: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _file_mode() -> int:
+    """0666 less the process's umask: what a plain ``open(..., "w")`` would give."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+FILE_MODE = _file_mode()
+
+
+def write_atomic(path: Path, text: str | bytes) -> None:
+    """Write to a temporary file beside ``path`` and rename it into place (readers see the old or the new
+    file, never half of one); the file takes the user's umask."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode("utf-8") if isinstance(text, str) else text)
+            os.fchmod(f.fileno(), FILE_MODE)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -11,7 +11,7 @@ import soundfile as sf
 
 from pipelines.asr import Segment, TranscribeOptions, quiet_cut, transcribe
 from pipelines.cli import main
-from pipelines.outputs import format_srt, format_vtt
+from pipelines.asr.outputs import format_srt, format_vtt
 
 
 def _reencode(src: Path, dest: Path, container: str, codec: str) -> None:
@@ -108,7 +108,7 @@ def test_mixed_folder_in_one_command_then_resume(mixed_folder, tmp_path, capsys)
 
 
 def test_interrupted_run_resumes_without_redoing(mixed_folder, tmp_path, monkeypatch, capsys):
-    from pipelines import outputs
+    from pipelines.asr import outputs
 
     folder, _ = mixed_folder
     out = tmp_path / "out"

@@ -116,8 +116,8 @@ def test_unusable_out_is_known_before_any_model_loads(tmp_path, clips, capsys, m
 
 
 def test_one_run_per_output_folder_and_failures_accumulate(tmp_path, clips, capsys, monkeypatch):
-    from pipelines.inputs import find_inputs
-    from pipelines.outputs import OutputTree
+    from pipelines.asr.inputs import find_inputs
+    from pipelines.asr.outputs import OutputTree
 
     out = tmp_path / "out"
     holder = OutputTree(out, find_inputs([str(clips[0])])[0], ("txt",), "sig")
@@ -137,7 +137,7 @@ def test_one_run_per_output_folder_and_failures_accumulate(tmp_path, clips, caps
 
 
 def test_outputs_take_the_umask(tmp_path, clips, capsys):
-    from pipelines.outputs import FILE_MODE
+    from pipelines.paths import FILE_MODE
 
     umask = os.umask(0o022)
     os.umask(umask)

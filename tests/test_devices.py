@@ -13,7 +13,7 @@ import torch
 from pipelines.asr import TranscribeOptions
 from pipelines.cli import main
 from pipelines.devices import DeviceError, int8_allowed, resolve_device, resolve_dtype
-from pipelines.outputs import run_signature
+from pipelines.asr.outputs import run_signature
 from pipelines.paths import PROJECT_ROOT
 
 
@@ -92,7 +92,7 @@ def test_device_is_part_of_the_resume_signature():
 
 
 def test_the_transcribe_summary_names_dtype_and_device(registry):
-    from pipelines.batch import _mode
+    from pipelines.asr.batch import _mode
 
     pair = registry.get("whisper-base+distilled")
     assert ", float32 on cpu, batch 4" in _mode(pair, TranscribeOptions(), None)
@@ -224,7 +224,6 @@ def test_distill_encodes_labelled_clips_in_float32_where_bfloat16_is_emulated(mo
 
 def test_loading_a_pair_in_an_emulated_dtype_says_so(monkeypatch, registry):
     """bfloat16 on a CPU without bfloat16 units: the pair loads and the run warns that float32 is faster there."""
-    from pipelines import devices
     from pipelines.models import pairs
 
     monkeypatch.setattr(pairs, "half_is_native", lambda device, dtype: dtype == "float32")

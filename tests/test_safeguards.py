@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from pipelines.safeguards import avg_logprob, compression_ratio, is_silence, needs_fallback
+from pipelines.asr.safeguards import avg_logprob, compression_ratio, is_silence, needs_fallback
 
 SR = 16000
 

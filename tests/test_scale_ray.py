@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.asr import TranscribeOptions
-from pipelines.batch import transcribe_files
+from pipelines.asr.batch import transcribe_files
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install -e '.[scale]'")
 

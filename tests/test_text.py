@@ -1,17 +1,14 @@
 """Translation and summarization end to end on small local models with real (locally trained) tokenizers,
 saved to folders and registered through a models file: the same from_pretrained path a hub pair uses."""
 
-from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from pipelines.quality.sets import project_documents, project_sentences
 from pipelines.models.registry import load_registry
 from pipelines.text import TextInputError, TextOptions, TextRunner, run_text
 
-from local_models import LANGS
 
 
 @pytest.fixture(scope="module")

@@ -129,7 +129,7 @@ def test_text_typed_survives_a_page_change(models):
 def test_transcribe_page_results_downloads_stale_inputs_and_errors(models, speech_real):
     from pipelines.asr import TranscribeOptions, transcribe
     from pipelines.quality.sets import set_dir
-    from pipelines.outputs import render
+    from pipelines.asr.outputs import render
 
     item = speech_real[0]
     at = page("transcribe")

@@ -120,7 +120,7 @@ def test_the_pages_in_a_real_browser(server, local_models_file, speech_real, tmp
     from playwright.sync_api import expect, sync_playwright
 
     from pipelines.asr import TranscribeOptions, transcribe
-    from pipelines.outputs import render
+    from pipelines.asr.outputs import render
 
     shots = Path(os.environ.get("TANDEM_SCREENSHOTS") or tmp_path / "screenshots")
     shots.mkdir(parents=True, exist_ok=True)

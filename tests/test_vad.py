@@ -1,4 +1,4 @@
-"""The voice-activity filter (pipelines/vad.py, ``--vad-filter``): Silero finds speech and not noise or tones,
+"""The voice-activity filter (pipelines/asr/vad.py, ``--vad-filter``): Silero finds speech and not noise or tones,
 the filter mutes what is not speech and keeps the file's time, no invented text with the filter alone,
 speech transcripts unchanged (and assisted == plain), one sentence when faster-whisper is missing."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pipelines.audio import SAMPLE_RATE as SR, load_audio, write_wav
-from pipelines.vad import VadUnavailable, energy_regions, filter_speech, mute_outside
+from pipelines.asr.vad import VadUnavailable, energy_regions, filter_speech, mute_outside
 from pipelines.quality.bench_vad import gaps, non_speech
 
 GUARDS_OFF = ["--temperature", "0", "--no-speech-threshold", "off", "--logprob-threshold", "off",
@@ -20,7 +20,7 @@ GUARDS_OFF = ["--temperature", "0", "--no-speech-threshold", "off", "--logprob-t
 @pytest.fixture(scope="module")
 def silero():
     pytest.importorskip("faster_whisper", reason="the vad extra: pip install -e '.[vad]'")
-    from pipelines.vad import silero_regions
+    from pipelines.asr.vad import silero_regions
 
     return silero_regions
 

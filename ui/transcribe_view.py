@@ -1,7 +1,7 @@
 """The Transcribe page: a pair, an upload or a sample clip (choosing one clears the other and the reference,
 so no input goes stale), the language (fixed to English for an English-only model), Whisper's safeguards;
 then progress with a Stop button, and the results to take away: the transcript in a copyable area, txt, srt,
-vtt and json downloads (the CLI's writers, ``pipelines.outputs.render``), the segments with their times, the
+vtt and json downloads (the CLI's writers, ``pipelines.asr.outputs.render``), the segments with their times, the
 speed that fits the pair, the accepted-drafts chart and the WER against a pasted reference."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from views import (accepted_chart, choose_pair, compare_box, copyable, device, l
 
 from pipelines.asr import Progress, Transcript, TranscribeOptions, transcribe
 from pipelines.audio import AudioDecodeError
-from pipelines.outputs import render, timestamp
+from pipelines.asr.outputs import render, timestamp
 from pipelines.models.registry import Pair
 
 UPLOAD_LIMIT_MB = 200  # also server.maxUploadSize in ui/.streamlit/config.toml

@@ -1,9 +1,12 @@
 """Speech recognition: audio files in, transcripts and segments out (preprocess -> decode -> postprocess).
 
 Modules: ``options`` (TranscribeOptions, Segment, Transcript, Progress), ``windows`` (streamed 30 s windows,
-the energy detector, cuts at pauses), ``segments`` (timestamp tokens -> timed segments), ``runner``
-(WhisperRunner: the loaded pair), ``batching`` (the loop over files and ``transcribe``); Whisper's
-safeguards are ``pipelines.safeguards``.
+the energy detector, cuts at pauses), ``segments`` (timestamp tokens -> timed segments), ``safeguards``
+(Whisper's no-speech, log-probability and compression checks, temperature fallback), ``vad`` (the optional
+voice-activity filter), ``runner`` (WhisperRunner: the loaded pair), ``batching`` (the loop over files and
+``transcribe``); the batch job of ``tandem transcribe``: ``inputs`` (files, folders, globs -> inputs and
+their output names), ``outputs`` (transcript formats, resumable per-file records, the --out lock),
+``batch`` (plan, resume, write each result, failures, summary).
 
 preprocess   stream each file as 16 kHz mono, one 30 s window at a time (memory stays bounded)
 decode       Tandem's engine on a batch of windows from different files (ragged batching): the pair's
@@ -21,7 +24,7 @@ tokens), so its tokens can be compared with it one for one. Silent windows are s
 hallucinated text).
 """
 
-from ..inputs import find_audio
+from .inputs import find_audio
 from .batching import transcribe
 from .options import (
     CHUNK_MAX_SECONDS, CHUNK_MIN_SECONDS, LONG_FORMS, SILENCE_RMS, TIME_PRECISION, WINDOW, WINDOW_SECONDS, LanguageError,

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 
 from ..audio import SAMPLE_RATE, AudioDecodeError
-from ..inputs import find_audio
 from ..engine import DecodeStats
-from ..safeguards import MIN_AUDIO_SECONDS, decide
 from ..models.registry import Pair
-from ..vad import filter_speech, require_vad
+from .inputs import find_audio
+from .safeguards import MIN_AUDIO_SECONDS, decide
+from .vad import filter_speech, require_vad
 from .options import Progress, Segment, TranscribeOptions, Transcript
 from .runner import WhisperRunner
 from .segments import describe_segments, clamp_segments, segments_from_tokens, split_at_pauses, tighten_segments

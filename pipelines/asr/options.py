@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from ..audio import SAMPLE_RATE
 from ..engine import PolicyOptions
-from ..safeguards import TEMPERATURES, check_options
+from .safeguards import TEMPERATURES, check_options
 
 
 WINDOW_SECONDS = 30.0  # Whisper's input window
@@ -36,12 +36,12 @@ class TranscribeOptions:
     timestamps: bool = False  # timestamp tokens even for files of one window (always on for longer files)
     policy: PolicyOptions = PolicyOptions()  # how many tokens the assistant drafts each round
     long_form: str = "sequential"  # files over 30 s: "sequential" (Whisper's seek) or "chunked" (cut at pauses, batched)
-    # Whisper's safeguards (see pipelines/safeguards.py; None turns a check off)
+    # Whisper's safeguards (see safeguards.py; None turns a check off)
     temperature: tuple[float, ...] = TEMPERATURES  # the first decodes greedily, each fallback samples at the next
     compression_ratio_threshold: float | None = 2.4  # text more repetitive than this: fall back
     logprob_threshold: float | None = -1.0  # average log-probability below this: fall back
     no_speech_threshold: float | None = 0.6  # p(no speech) above this (and a low avg_logprob): silence, skipped
-    vad_filter: bool = False  # Silero VAD first: audio outside speech set to zero, not decoded (pipelines/vad.py)
+    vad_filter: bool = False  # Silero VAD first: audio outside speech set to zero, not decoded (vad.py)
 
     def __post_init__(self) -> None:
         check_options(self)

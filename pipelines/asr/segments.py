@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..safeguards import WindowVerdict
+from .safeguards import WindowVerdict
 from .options import Segment, TIME_PRECISION
 
 

@@ -95,13 +95,13 @@ def _safeguards(args: argparse.Namespace) -> dict:
 
 def cmd_transcribe(args: argparse.Namespace) -> int:
     formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
-    from ..outputs import FORMATS
+    from ..asr.outputs import FORMATS
 
     bad = [f for f in formats if f not in FORMATS]
     if bad:
         print(f"tandem: unknown format {bad[0]!r}; choose from {', '.join(FORMATS)}", file=sys.stderr)
         return 2
-    from ..batch import run_transcribe
+    from ..asr.batch import run_transcribe
 
     ray = None
     if args.ray is not None:
@@ -363,7 +363,7 @@ def serve(command: list[str], cwd: Path, env: dict[str, str]) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     """Build the real-speech sample set and transcribe it on the default ASR pair, also decoding plainly
     (--compare) so the summary shows the speedup and the identical-output rate next to the WER."""
-    from ..batch import run_transcribe
+    from ..asr.batch import run_transcribe
     from ..quality.sets import MANIFEST, build_set
 
     info = build_set("speech-real")

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..audio import SAMPLE_RATE, load_audio, write_wav
 from .sets import read_manifest
-from ..vad import energy_regions, silero_regions
+from ..asr.vad import energy_regions, silero_regions
 
 SR = SAMPLE_RATE
 DETECTORS = {"energy": energy_regions, "silero": silero_regions}

@@ -190,6 +190,6 @@ def format_report(r: dict) -> str:
 
 
 def write_report(report: dict, path: str | Path) -> None:
-    from ..outputs import write_atomic
+    from ..paths import write_atomic
 
     write_atomic(Path(path), json.dumps(report, indent=1))

@@ -18,7 +18,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..outputs import write_atomic
+from ..paths import write_atomic
 
 # What makes two speed measurements comparable: the same machine, threads, device and libraries.
 MACHINE_FIELDS = ("cpu", "threads", "device", "torch", "transformers", "python")

@@ -1,8 +1,8 @@
-"""Scale-out of the batch job (``pipelines.batch``) on Ray: an optional extra, ``pip install -e '.[scale]'``.
+"""Scale-out of the batch job (``pipelines.asr.batch``) on Ray: an optional extra, ``pip install -e '.[scale]'``.
 
 Nothing here imports Ray at import time: ``require_ray`` does, and says which extra to install when it is
 missing. ``RayOptions`` says where and how wide to run; ``pipelines.scale.ray_batch.transcribe_on_ray`` is
-the decoding source that ``pipelines.batch.run_batch`` writes from.
+the decoding source that ``pipelines.asr.batch.run_batch`` writes from.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``tandem bench scale``: the batch job's throughput in this process vs on a local Ray actor pool.
 
-Each row runs the whole job (``pipelines.batch.transcribe_files``: decoding and writing txt files into a
+Each row runs the whole job (``pipelines.asr.batch.transcribe_files``: decoding and writing txt files into a
 fresh temporary folder) on the same files: in this process with 1 thread and with every core, then on a new
 local Ray instance per row with 1 and 2 actors of ``threads_per_actor`` threads. Wall time counts from the
 call to the last file, so it includes loading the pair (and for Ray, starting Ray, its workers and each
@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from ..asr import Transcript, TranscribeOptions
-from ..batch import transcribe_files
+from ..asr.batch import transcribe_files
 from . import RayOptions
 
 

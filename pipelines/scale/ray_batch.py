@@ -1,10 +1,10 @@
 """The batch job's decoding on a Ray actor pool (Ray Data): files in, one Transcript per file out.
 
-The job's pending files (``pipelines.batch.plan_batch``) become a Dataset of one row per file (its path as
+The job's pending files (``pipelines.asr.batch.plan_batch``) become a Dataset of one row per file (its path as
 bytes: any name the OS allows survives Arrow). ``Dataset.map_batches`` runs ``TranscribeActor`` in an
 ``ActorPoolStrategy`` pool: each actor loads the pair once (on a GPU when Ray gave it one) and decodes the
 files of each batch with ``asr.transcribe``, as the in-process run does. The driver iterates the results as
-they arrive and ``pipelines.batch.run_batch`` writes them there: outputs, records, failures.tsv, the
+they arrive and ``pipelines.asr.batch.run_batch`` writes them there: outputs, records, failures.tsv, the
 folder's lock and resume are the in-process run's, and the output folder needs to exist on the driver only
 (the inputs must be readable at the same path on every node).
 
@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..asr import Transcript, TranscribeOptions, transcribe
-from ..batch import BatchJob
+from ..asr.batch import BatchJob
 from ..models.registry import Pair
 from . import RayOptions, require_ray
 

@@ -23,15 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .asr import Transcript, TranscribeOptions, transcribe
-from .devices import resolve_dtype
+from ..devices import resolve_dtype
+from ..models.registry import Pair
+from .batching import transcribe
 from .inputs import display, find_inputs
+from .options import TranscribeOptions, Transcript
 from .outputs import OutputError, OutputTree, run_signature
-from .models.registry import Pair
 from .vad import require_vad
 
 if TYPE_CHECKING:
-    from .scale.ray_batch import RayOptions
+    from ..scale.ray_batch import RayOptions
 
 
 class BatchError(ValueError):
@@ -140,7 +141,7 @@ def transcribe_files(paths: Iterable[str | os.PathLike], pair: Pair, options: Tr
 def _source(job: BatchJob, ray: RayOptions | None) -> Iterable[Transcript] | None:
     if ray is None or not job.todo:
         return None
-    from .scale.ray_batch import transcribe_on_ray
+    from ..scale.ray_batch import transcribe_on_ray
 
     return transcribe_on_ray(job, ray)
 
@@ -153,7 +154,7 @@ def _load_refs(manifest: str | None) -> dict[str, str]:
     """Reference texts keyed by audio file stem (and by item id)."""
     if not manifest:
         return {}
-    from .quality.sets import read_manifest
+    from ..quality.sets import read_manifest
 
     refs = {}
     for item in read_manifest(Path(manifest)):
@@ -166,7 +167,7 @@ def _load_refs(manifest: str | None) -> dict[str, str]:
 def _options(language, task, dtype, use_assistant, compare, out, formats, batch_size, timestamps, long_form,
              lookahead, safeguards, device="cpu") -> TranscribeOptions:
     """The command's TranscribeOptions; ValueError with one sentence for a bad value."""
-    from .engine import parse_policy
+    from ..engine import parse_policy
 
     if batch_size < 1:
         raise ValueError(f"--batch-size must be 1 or more (got {batch_size})")
@@ -202,7 +203,7 @@ def _progress(bar, start: float) -> Callable[[Transcript], None]:
 
 def summary_lines(run: BatchRun, job: BatchJob, refs: dict[str, str], out: str | None) -> list[str]:
     """The summary the command prints after a run (files, audio, wall time, acceptance, WER, ...)."""
-    from .quality.metrics import wer
+    from ..quality.metrics import wer
 
     good = [r for r in run.results if r.ok]
     audio = sum(r.duration for r in good)
@@ -247,7 +248,7 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
     """``tandem transcribe``: plan, decode (in this process, or on Ray with ``ray``) on ``device`` ("cpu",
     "cuda:0": devices.resolve_device), print; the exit status (0 all done, 1 some failed, 2 the run could not
     start, 130 interrupted)."""
-    from .models.registry import load_registry
+    from ..models.registry import load_registry
 
     registry = load_registry(models)
     pair = registry.get(pair_name) if pair_name else registry.default("asr")
@@ -255,7 +256,7 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
         options = _options(language, task, dtype, use_assistant, compare, out, formats, batch_size, timestamps,
                            long_form, lookahead, safeguards, device)
         if ray:
-            from .scale import require_ray
+            from ..scale import require_ray
 
             require_ray()  # a missing extra is known before the output folder is taken
         require_vad(options.vad_filter)  # likewise

@@ -23,8 +23,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
-from .audio import is_audio_name
-from .paths import display
+from ..audio import is_audio_name
+from ..paths import display
 
 __all__ = ["Input", "display", "find_audio", "find_inputs"]
 

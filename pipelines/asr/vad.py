@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .audio import SAMPLE_RATE
+from ..audio import SAMPLE_RATE
 
 VAD_INSTALL = "pip install -e '.[vad]'"  # where Silero comes from (faster-whisper and onnxruntime)
 
@@ -50,7 +50,7 @@ def energy_regions(audio: np.ndarray) -> list[tuple[int, int]]:
     """Speech as the energy detector sees it, as (start, end) sample ranges: none when the audio's RMS is
     below ``asr.SILENCE_RMS`` (the window is not decoded), else the runs of ``asr.voiced_frames`` (10 ms
     frames louder than 5% of the loud frames and than 1e-3 RMS)."""
-    from .asr.windows import is_silent_window, voiced_frames  # asr imports this module: import on use
+    from .windows import is_silent_window, voiced_frames  # asr imports this module: import on use
 
     if len(audio) == 0 or is_silent_window(audio):
         return []

@@ -93,7 +93,7 @@ def decide(runner, enc, prompts: list[list[int]], timestamps: bool, options, see
     ``WindowVerdict`` per window, and every engine call as (rows it decoded, DecodeResult) for accounting."""
     from dataclasses import replace
 
-    from .engine import EncoderOutput
+    from ..engine import EncoderOutput
 
     eot = runner.model.generation_config.eos_token_id
     n = len(prompts)

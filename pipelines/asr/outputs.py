@@ -14,13 +14,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from .asr import Segment, Transcript
+from ..paths import FILE_MODE, write_atomic
 from .inputs import Input, display
+from .options import Segment, Transcript
 
 FORMATS = ("txt", "json", "srt", "vtt", "tsv")
 RECORD_SUFFIX = ".tandem.json"
@@ -67,31 +67,6 @@ def render(t: Transcript, fmt: str) -> str:
     if fmt == "json":
         return format_json(t)
     return {"srt": format_srt, "vtt": format_vtt, "tsv": format_tsv}[fmt](t.segments)
-
-
-def _file_mode() -> int:
-    """0666 less the process's umask: what a plain ``open(..., "w")`` would give."""
-    umask = os.umask(0o022)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
-FILE_MODE = _file_mode()
-
-
-def write_atomic(path: Path, text: str | bytes) -> None:
-    """Write to a temporary file beside ``path`` and rename it into place (readers see the old or the new
-    file, never half of one); the file takes the user's umask."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(text.encode("utf-8") if isinstance(text, str) else text)
-            os.fchmod(f.fileno(), FILE_MODE)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class OutputError(RuntimeError):
