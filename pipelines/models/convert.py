@@ -71,34 +71,37 @@ def whisper_state_dict(ct2: CT2Model) -> dict[str, np.ndarray]:
             if name != "k_proj":
                 out[f"{dst}.{name}.bias"] = b
 
+    # the parts every encoder and decoder layer has: self-attention (fused q/k/v) and the feed-forward block
+    def self_attention(d: str, s: str) -> None:
+        qkv(f"{d}.self_attn", f"{s}/self_attention/linear_0", ("q_proj", "k_proj", "v_proj"))
+        lin(f"{d}.self_attn.out_proj", f"{s}/self_attention/linear_1")
+        ln(f"{d}.self_attn_layer_norm", f"{s}/self_attention/layer_norm")
+
+    def ffn(d: str, s: str) -> None:
+        lin(f"{d}.fc1", f"{s}/ffn/linear_0")
+        lin(f"{d}.fc2", f"{s}/ffn/linear_1")
+        ln(f"{d}.final_layer_norm", f"{s}/ffn/layer_norm")
+
     enc, dec = "model.encoder", "model.decoder"
     for i in (1, 2):
         lin(f"{enc}.conv{i}", f"encoder/conv{i}")
     out[f"{enc}.embed_positions.weight"] = v["encoder/position_encodings/encodings"]
     for i in range(_count_layers(v, "encoder")):
         s, d = f"encoder/layer_{i}", f"{enc}.layers.{i}"
-        qkv(f"{d}.self_attn", f"{s}/self_attention/linear_0", ("q_proj", "k_proj", "v_proj"))
-        lin(f"{d}.self_attn.out_proj", f"{s}/self_attention/linear_1")
-        ln(f"{d}.self_attn_layer_norm", f"{s}/self_attention/layer_norm")
-        lin(f"{d}.fc1", f"{s}/ffn/linear_0")
-        lin(f"{d}.fc2", f"{s}/ffn/linear_1")
-        ln(f"{d}.final_layer_norm", f"{s}/ffn/layer_norm")
+        self_attention(d, s)
+        ffn(d, s)
     ln(f"{enc}.layer_norm", "encoder/layer_norm")
 
     out[f"{dec}.embed_tokens.weight"] = v["decoder/embeddings/weight"]
     out[f"{dec}.embed_positions.weight"] = v["decoder/position_encodings/encodings"]
     for i in range(_count_layers(v, "decoder")):
         s, d = f"decoder/layer_{i}", f"{dec}.layers.{i}"
-        qkv(f"{d}.self_attn", f"{s}/self_attention/linear_0", ("q_proj", "k_proj", "v_proj"))
-        lin(f"{d}.self_attn.out_proj", f"{s}/self_attention/linear_1")
-        ln(f"{d}.self_attn_layer_norm", f"{s}/self_attention/layer_norm")
+        self_attention(d, s)
         lin(f"{d}.encoder_attn.q_proj", f"{s}/attention/linear_0")
         qkv(f"{d}.encoder_attn", f"{s}/attention/linear_1", ("k_proj", "v_proj"))
         lin(f"{d}.encoder_attn.out_proj", f"{s}/attention/linear_2")
         ln(f"{d}.encoder_attn_layer_norm", f"{s}/attention/layer_norm")
-        lin(f"{d}.fc1", f"{s}/ffn/linear_0")
-        lin(f"{d}.fc2", f"{s}/ffn/linear_1")
-        ln(f"{d}.final_layer_norm", f"{s}/ffn/layer_norm")
+        ffn(d, s)
     ln(f"{dec}.layer_norm", "decoder/layer_norm")
     return out
 

@@ -57,7 +57,7 @@ def read_manifest(name_or_path: str | Path) -> list[dict]:
     return items
 
 
-def write_manifest(folder: Path, items: list[dict]) -> None:
+def _write_manifest(folder: Path, items: list[dict]) -> None:
     with open(folder / MANIFEST, "w", encoding="utf-8") as f:
         for item in items:
             f.write(json.dumps(item, ensure_ascii=False) + "\n")
@@ -85,7 +85,7 @@ def build_atomically(name: str, recipe: dict, build: Callable[[Path], list[dict]
         tmp = Path(tempfile.mkdtemp(prefix=name + ".tmp-", dir=final.parent))
         try:
             items = build(tmp)
-            write_manifest(tmp, items)
+            _write_manifest(tmp, items)
             (tmp / STAMP).write_text(json.dumps({"recipe": _recipe_hash(recipe), "count": len(items)}))
             os.chmod(tmp, 0o755)
             if final.exists():
