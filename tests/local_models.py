@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from pipelines.quality.sets import project_documents, project_sentences
 from pipelines.paths import PROJECT_ROOT
+from pipelines.quality.sets import project_documents, project_sentences
 
 LANGS = ["eng_Latn", "fra_Latn", "deu_Latn"]
 # family -> task; BART and T5 summarize, M2M100 (language tokens) and Marian translate
@@ -32,9 +32,17 @@ def train_tokenizer(folder: Path, extra_specials=()):
 
 
 def make_model(kind: str, tok, layers: int, seed: int):
-    from transformers import (BartConfig, BartForConditionalGeneration, GenerationConfig, M2M100Config,
-                              M2M100ForConditionalGeneration, MarianConfig, MarianMTModel, T5Config,
-                              T5ForConditionalGeneration)
+    from transformers import (
+        BartConfig,
+        BartForConditionalGeneration,
+        GenerationConfig,
+        M2M100Config,
+        M2M100ForConditionalGeneration,
+        MarianConfig,
+        MarianMTModel,
+        T5Config,
+        T5ForConditionalGeneration,
+    )
 
     torch.manual_seed(seed)
     start = 1 if kind in ("t5", "marian") else 2  # T5 and Marian start decoding from the pad token

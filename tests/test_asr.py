@@ -10,8 +10,8 @@ import pytest
 import soundfile as sf
 
 from pipelines.asr import Segment, TranscribeOptions, quiet_cut, transcribe
-from pipelines.cli import main
 from pipelines.asr.outputs import format_srt, format_vtt
+from pipelines.cli import main
 
 
 def _reencode(src: Path, dest: Path, container: str, codec: str) -> None:

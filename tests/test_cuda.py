@@ -87,8 +87,8 @@ def test_at_most_two_synchronisations_a_round(cuda_runner, speech_real):
 
     import numpy as np
 
-    from pipelines.audio import load_audio
     from pipelines.asr import TranscribeOptions
+    from pipelines.audio import load_audio
     from pipelines.engine import PolicyOptions
 
     audio = [load_audio(i["audio_path"]).astype(np.float32) for i in speech_real[:4]]
@@ -114,9 +114,9 @@ def test_graphs_replayed_with_ragged_rows_on_random_weights():
     bfloat16 and float32."""
     import random
 
-    from pipelines.quality.bench_shapes import PROMPT, SHAPES, oracle, random_whisper
     from pipelines.engine import AssistedDecoder, DecodeOptions, PolicyOptions, Rules, as_decoder, model_drafter
     from pipelines.engine.decoders import EncoderOutput
+    from pipelines.quality.bench_shapes import PROMPT, SHAPES, oracle, random_whisper
 
     spec = SHAPES["whisper-base"]
     for dtype in (torch.bfloat16, torch.float32):

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from pipelines.asr import TranscribeOptions
+from pipelines.asr.outputs import run_signature
 from pipelines.cli import main
 from pipelines.devices import DeviceError, int8_allowed, resolve_device, resolve_dtype
-from pipelines.asr.outputs import run_signature
 from pipelines.paths import PROJECT_ROOT
 
 

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from pipelines.distill import DistillError, DistillOptions, distill, read_shard, spread_layers
-from pipelines.quality.sets import project_sentences
 from pipelines.models.registry import load_registry
+from pipelines.quality.sets import project_sentences
 from pipelines.text import TextOptions, TextRunner
 
 

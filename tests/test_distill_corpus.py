@@ -167,8 +167,7 @@ def test_the_learning_curve_trains_each_size_and_shows_it_on_the_card(sentences,
 def test_draft_cost_counts_a_drafted_tokens_multiply_adds_against_a_main_step():
     from transformers import WhisperConfig
 
-    from pipelines.distill.student import draft_cost
-    from pipelines.distill.student import init_layers
+    from pipelines.distill.student import draft_cost, init_layers
 
     base = WhisperConfig(d_model=512, decoder_ffn_dim=2048, decoder_layers=6, vocab_size=51865)
     # per layer 6 d^2 + 2 d f + 2 T d = 5,206,016; main: 6 layers + 51,865 x 512 = 57,790,976
@@ -212,8 +211,8 @@ def test_labels_decoded_with_the_assistant_drafting_are_plain_greedy_labels(sent
 
 def test_a_broken_registry_or_assistant_labels_without_an_assistant(monkeypatch):
     import pipelines.distill as distill_pkg
-    from pipelines.models import registry
     from pipelines.distill import drafting_pair, labelling_teacher, resolve_main
+    from pipelines.models import registry
     from pipelines.models.loading import ModelUnavailableError
 
     ref = resolve_main("whisper-base")
@@ -243,8 +242,8 @@ def test_only_a_whisper_assistant_over_the_main_encoder_drafts_labels(monkeypatc
     text main model's pair (equal to plain decoding in float32 tests, not by construction)."""
     from dataclasses import replace
 
-    from pipelines.models import registry
     from pipelines.distill import drafting_pair, resolve_main
+    from pipelines.models import registry
     from pipelines.models.loading import ModelRef
 
     real = registry.load_registry()

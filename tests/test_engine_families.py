@@ -3,12 +3,17 @@ for batch 1 and ragged batches, every drafter kind and policy, short and long ou
 
 import pytest
 import torch
+from toy_models import CAUSAL, ENC_DEC, make_causal, make_enc_dec, sources
 
 from pipelines.engine import (
-    AssistedDecoder, DecodeOptions, PolicyOptions, as_decoder, model_drafter, prompt_lookup,
+    AssistedDecoder,
+    DecodeOptions,
+    PolicyOptions,
+    as_decoder,
+    model_drafter,
+    prompt_lookup,
     rules_from_generation_config,
 )
-from toy_models import CAUSAL, ENC_DEC, make_causal, make_enc_dec, sources
 
 POLICIES = [PolicyOptions("constant", 1), PolicyOptions("constant", 4), PolicyOptions("constant", 8),
             PolicyOptions("heuristic", 2), PolicyOptions("confidence", 3, 8, 0.3), PolicyOptions("adaptive", 3)]

@@ -4,11 +4,10 @@ and the same test failing when the acceptance rule is deliberately broken."""
 
 import pytest
 import torch
-
-from pipelines.engine import AssistedDecoder, DecodeOptions, PolicyOptions, Sampling, as_decoder, model_drafter
-from pipelines.engine import core
-from pipelines.engine.rules import Rules, to_probs
 from toy_models import make_causal
+
+from pipelines.engine import AssistedDecoder, DecodeOptions, PolicyOptions, Sampling, as_decoder, core, model_drafter
+from pipelines.engine.rules import Rules, to_probs
 
 SAMPLING = Sampling(temperature=1.3, top_k=6, top_p=0.95)
 PROMPT = [5, 17, 9, 30]

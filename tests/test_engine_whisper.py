@@ -9,11 +9,16 @@ import torch
 from transformers import WhisperForCausalLM
 
 from pipelines.devices import half_is_native
-from pipelines.models.embedded import embedded_path
 from pipelines.engine import (
-    AssistedDecoder, DecodeOptions, PolicyOptions, as_decoder, model_drafter, rules_from_generation_config,
+    AssistedDecoder,
+    DecodeOptions,
+    PolicyOptions,
+    as_decoder,
+    model_drafter,
+    rules_from_generation_config,
 )
 from pipelines.engine.whisper import STEP_SHAPES
+from pipelines.models.embedded import embedded_path
 
 PROMPT = [50258, 50259, 50359, 50363]  # <|startoftranscript|><|en|><|transcribe|><|notimestamps|>
 EOT = 50257

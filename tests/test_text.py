@@ -5,10 +5,9 @@ saved to folders and registered through a models file: the same from_pretrained 
 import pytest
 import torch
 
-from pipelines.quality.sets import project_documents, project_sentences
 from pipelines.models.registry import load_registry
+from pipelines.quality.sets import project_documents, project_sentences
 from pipelines.text import TextInputError, TextOptions, TextRunner, run_text
-
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from pipelines.models.embedded_gguf import GGUF, is_installed
 from pipelines.engine import DecodeOptions, rules_from_generation_config
+from pipelines.models.embedded_gguf import GGUF, is_installed
 from pipelines.models.pairs import engine_for
 from pipelines.models.registry import load_registry
 from pipelines.text import TextOptions, TextRunner

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from pipelines.quality.sets import project_documents, project_sentences
-from pipelines.paths import PROJECT_ROOT
 from pipelines.models.registry import load_registry
+from pipelines.paths import PROJECT_ROOT
+from pipelines.quality.sets import project_documents, project_sentences
 from pipelines.text import MAX_INPUT_CHARS, TextOptions, TextRunner
 
 streamlit = pytest.importorskip("streamlit")
@@ -128,8 +128,8 @@ def test_text_typed_survives_a_page_change(models):
 
 def test_transcribe_page_results_downloads_stale_inputs_and_errors(models, speech_real):
     from pipelines.asr import TranscribeOptions, transcribe
-    from pipelines.quality.sets import set_dir
     from pipelines.asr.outputs import render
+    from pipelines.quality.sets import set_dir
 
     item = speech_real[0]
     at = page("transcribe")

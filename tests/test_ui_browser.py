@@ -15,14 +15,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from ui_server import free_port, wait_healthy
 
 from pipelines.cli import ui_command
-from pipelines.quality.sets import project_documents, set_dir
-from pipelines.paths import PROJECT_ROOT
 from pipelines.models.registry import load_registry
+from pipelines.paths import PROJECT_ROOT
+from pipelines.quality.sets import project_documents, set_dir
 from pipelines.text import TextOptions, TextRunner
-
-from ui_server import free_port, wait_healthy
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (apt-get install chromium)")

@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from pipelines.audio import SAMPLE_RATE as SR, load_audio, write_wav
 from pipelines.asr.vad import VadUnavailable, energy_regions, filter_speech, mute_outside
+from pipelines.audio import SAMPLE_RATE as SR, load_audio, write_wav
 from pipelines.quality.bench_vad import gaps, non_speech
 
 GUARDS_OFF = ["--temperature", "0", "--no-speech-threshold", "off", "--logprob-threshold", "off",

@@ -59,7 +59,7 @@ def make_enc_dec(kind: str, layers: int = 2, seed: int = 0):
 
 
 def make_causal(kind: str, layers: int = 2, seed: int = 0):
-    from transformers import GPT2Config, LlamaConfig, LlamaForCausalLM, GPT2LMHeadModel
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     if kind == "llama":

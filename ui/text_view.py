@@ -6,8 +6,21 @@ from __future__ import annotations
 
 import streamlit as st
 
-from views import (TITLES, accepted_chart, choose_pair, compare_box, copyable, language_name, models_file, quality,
-                   report, show_speed, stopped, text_runner, working)
+from views import (
+    TITLES,
+    accepted_chart,
+    choose_pair,
+    compare_box,
+    copyable,
+    language_name,
+    models_file,
+    quality,
+    report,
+    show_speed,
+    stopped,
+    text_runner,
+    working,
+)
 
 from pipelines.models.registry import Pair
 from pipelines.text import MAX_INPUT_CHARS, TextInputError, TextOptions, TextResult

@@ -12,12 +12,25 @@ from pathlib import Path
 
 import streamlit as st
 
-from views import (accepted_chart, choose_pair, compare_box, copyable, device, language_name, models_file, quality, report,
-                   show_speed, stopped, whisper_runner, working)
+from views import (
+    accepted_chart,
+    choose_pair,
+    compare_box,
+    copyable,
+    device,
+    language_name,
+    models_file,
+    quality,
+    report,
+    show_speed,
+    stopped,
+    whisper_runner,
+    working,
+)
 
-from pipelines.asr import Progress, Transcript, TranscribeOptions, transcribe
-from pipelines.audio import AudioDecodeError
+from pipelines.asr import Progress, TranscribeOptions, Transcript, transcribe
 from pipelines.asr.outputs import render, timestamp
+from pipelines.audio import AudioDecodeError
 from pipelines.models.registry import Pair
 
 UPLOAD_LIMIT_MB = 200  # also server.maxUploadSize in ui/.streamlit/config.toml

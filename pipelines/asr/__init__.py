@@ -24,11 +24,21 @@ tokens), so its tokens can be compared with it one for one. Silent windows are s
 hallucinated text).
 """
 
-from .inputs import find_audio
 from .batching import transcribe
+from .inputs import find_audio
 from .options import (
-    CHUNK_MAX_SECONDS, CHUNK_MIN_SECONDS, LONG_FORMS, SILENCE_RMS, TIME_PRECISION, WINDOW, WINDOW_SECONDS, LanguageError,
-    Progress, Segment, TranscribeOptions, Transcript,
+    CHUNK_MAX_SECONDS,
+    CHUNK_MIN_SECONDS,
+    LONG_FORMS,
+    SILENCE_RMS,
+    TIME_PRECISION,
+    WINDOW,
+    WINDOW_SECONDS,
+    LanguageError,
+    Progress,
+    Segment,
+    TranscribeOptions,
+    Transcript,
 )
 from .runner import WhisperRunner
 from .segments import clamp_segments, segments_from_tokens, split_at_pauses, tighten_segments

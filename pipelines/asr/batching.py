@@ -16,11 +16,11 @@ from ..audio import SAMPLE_RATE, AudioDecodeError
 from ..engine import DecodeStats
 from ..models.registry import Pair
 from .inputs import find_audio
-from .safeguards import MIN_AUDIO_SECONDS, decide
-from .vad import filter_speech, require_vad
 from .options import Progress, Segment, TranscribeOptions, Transcript
 from .runner import WhisperRunner
-from .segments import describe_segments, clamp_segments, segments_from_tokens, split_at_pauses, tighten_segments
+from .safeguards import MIN_AUDIO_SECONDS, decide
+from .segments import clamp_segments, describe_segments, segments_from_tokens, split_at_pauses, tighten_segments
+from .vad import filter_speech, require_vad
 from .windows import WindowReader, is_silent_window, quiet_cut, voiced_frames
 
 

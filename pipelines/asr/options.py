@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
 from ..audio import SAMPLE_RATE
 from ..engine import PolicyOptions
 from .safeguards import TEMPERATURES, check_options
-
 
 WINDOW_SECONDS = 30.0  # Whisper's input window
 WINDOW = int(WINDOW_SECONDS * SAMPLE_RATE)

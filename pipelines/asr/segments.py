@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import numpy as np
 
+from .options import TIME_PRECISION, Segment
 from .safeguards import WindowVerdict
-from .options import Segment, TIME_PRECISION
 
 
 def segments_from_tokens(tokens: list[int], timestamp_begin: int, offset: float, window_seconds: float,

@@ -38,8 +38,8 @@ def silero_regions(audio: np.ndarray) -> list[tuple[int, int]]:
 def _silero():
     """faster-whisper's ``get_speech_timestamps``; VadUnavailable with the install line when it cannot load."""
     try:
-        from faster_whisper.vad import get_speech_timestamps
         import onnxruntime  # noqa: F401  (faster-whisper's model needs it: fail here, with the sentence)
+        from faster_whisper.vad import get_speech_timestamps
     except ImportError as exc:
         raise VadUnavailable(f"--vad-filter needs faster-whisper's Silero model ({exc.name or exc} is missing): "
                              f"{VAD_INSTALL}") from None

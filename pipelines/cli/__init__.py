@@ -73,10 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     from ..asr import LanguageError
     from ..audio import AudioDecodeError
     from ..distill import DistillError
-    from ..quality.regress import RegressConfigError, RegressRunError
-    from ..quality.sets import DataBuildError
     from ..models.loading import ModelUnavailableError
     from ..models.registry import RegistryError
+    from ..quality.regress import RegressConfigError, RegressRunError
+    from ..quality.sets import DataBuildError
 
     previous = os.environ.get("TANDEM_MODELS")
     if args.models:  # every registry read of the command (benchmarks, Ray actors, the app) takes this file

@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-
 # ----------------------------------------------------------------------------------------------------
 # tandem models
 
@@ -129,8 +128,8 @@ def _read_texts(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_text(args: argparse.Namespace) -> int:
-    from ..quality.metrics import bleu, chrf, rouge
     from ..models.registry import load_registry
+    from ..quality.metrics import bleu, chrf, rouge
     from ..text import TextInputError, TextOptions, run_text
 
     task = args.command

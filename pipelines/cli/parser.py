@@ -5,8 +5,23 @@ from __future__ import annotations
 import argparse
 
 from .. import __version__
-from .commands import (cmd_bench_asr, cmd_bench_engine, cmd_bench_scale, cmd_bench_shapes, cmd_bench_text, cmd_data_build, cmd_data_list,
-                       cmd_demo, cmd_distill, cmd_eval, cmd_models, cmd_regress, cmd_text, cmd_transcribe, cmd_ui)
+from .commands import (
+    cmd_bench_asr,
+    cmd_bench_engine,
+    cmd_bench_scale,
+    cmd_bench_shapes,
+    cmd_bench_text,
+    cmd_data_build,
+    cmd_data_list,
+    cmd_demo,
+    cmd_distill,
+    cmd_eval,
+    cmd_models,
+    cmd_regress,
+    cmd_text,
+    cmd_transcribe,
+    cmd_ui,
+)
 
 
 def _threshold(text: str) -> float | None:

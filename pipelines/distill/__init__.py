@@ -27,8 +27,8 @@ from ..models.loading import ModelRef
 from .options import HELDOUT_SHARD, TOPK, DistillError, DistillOptions, HeldOut
 from .shards import Shard, build_features, grow_corpus, read_shard, shard_done
 from .student import spread_layers
-from .training import train
 from .teacher import Teacher, is_whisper_ref
+from .training import train
 
 __all__ = ["DistillError", "DistillOptions", "HeldOut", "Shard", "TOPK", "distill", "read_shard", "resolve_main",
            "spread_layers", "default_corpus", "corpus_labelled", "drafting_pair", "labelling_teacher"]
@@ -314,10 +314,10 @@ def run_curve(opts: DistillOptions, ref: ModelRef, label_teacher: Teacher, deadl
     ``label_teacher`` (``features_teacher``'s) labels speech-real for the measurements."""
     from dataclasses import asdict
 
+    import torch
+
     from .curve import learning_curve
     from .export import export
-
-    import torch
 
     train_teacher = label_teacher if label_teacher.dtype == "float32" else Teacher(ref, "float32", opts.device)
     measured = learning_curve(opts, label_teacher, train_teacher, opts.corpus or default_corpus(ref), deadline, log)

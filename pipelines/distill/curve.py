@@ -17,8 +17,8 @@ import numpy as np
 from .options import HELDOUT_SHARD, DistillError, DistillOptions, HeldOut
 from .shards import GROUP, Shard, read_shard
 from .student import draft_cost, evaluate_heldout
-from .training import load_best, train
 from .teacher import Teacher
+from .training import load_best, train
 
 REAL_SET = "speech-real"
 

@@ -12,10 +12,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .options import TOPK, DistillOptions
-from .training import load_best
 from .teacher import Teacher
-
-
+from .training import load_best
 
 
 def export(opts: DistillOptions, teacher: Teacher, state: dict, log, folder: Path | None = None,

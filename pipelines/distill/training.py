@@ -85,7 +85,6 @@ def train(opts: DistillOptions, teacher: Teacher, shards_ids: list[int], deadlin
     the run's ``train``); returns the training state summary. DistillError when ``folder`` was trained towards
     another number of steps."""
     import torch
-
     from tqdm import tqdm
 
     out = folder or opts.out / "train"

@@ -24,6 +24,7 @@ import torch
 
 from .rows import from_host
 
+
 @dataclass(frozen=True)
 class EncoderOutput:
     hidden: torch.Tensor  # (B, S, D) encoder last hidden state

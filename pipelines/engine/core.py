@@ -18,10 +18,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from . import rows as row_ops
 from .decoders import Decoder, EncoderOutput
 from .drafters import DrafterFactory
 from .policies import CostMemory, PolicyOptions, make_policy
-from . import rows as row_ops
 from .rows import aligned_rows, from_host, gather_rows
 from .rules import PAD_GEN_LEN, Rules, Sampling, apply_rules, to_probs
 

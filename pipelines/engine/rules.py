@@ -92,10 +92,7 @@ class TimestampRules:
 
 def rules_from_generation_config(gen, prompt_len: int, max_new_tokens: int) -> Rules:
     """The rules ``generate(do_sample=False, num_beams=1)`` applies for this generation config."""
-    from transformers.generation.logits_process import (
-        NoRepeatNGramLogitsProcessor,
-        RepetitionPenaltyLogitsProcessor,
-    )
+    from transformers.generation.logits_process import NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor
 
     eos = gen.eos_token_id
     eos = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())

@@ -18,8 +18,9 @@ from .cache import LeanCache, RaggedCache
 from .decoders import Decoder, EncoderOutput
 from .draft_cache import StaticDraftCache
 from .fixed import FixedCache, FixedShapeDecoder
-from .rows import to_device
 from .lean import LeanDecoder, Linear, int8_available  # noqa: F401  (int8_available: re-exported for tests)
+from .rows import to_device
+
 
 @dataclass(frozen=True)
 class StepShape:

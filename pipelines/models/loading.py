@@ -166,12 +166,7 @@ def torch_dtype(name: str):
 def load_model(ref: ModelRef, dtype: str = "float32", device: str = "cpu"):
     """The model in eval mode on ``device`` (``devices.resolve_device``), with the auto class its config names
     (seq2seq, speech seq2seq or causal)."""
-    from transformers import (
-        AutoModelForCausalLM,
-        AutoModelForSeq2SeqLM,
-        AutoModelForSpeechSeq2Seq,
-        WhisperForCausalLM,
-    )
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq, WhisperForCausalLM
 
     config = load_config(ref)
     if config.model_type == "whisper":

@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from .loading import DTYPES, ModelRef, ModelUnavailableError, is_available_offline, load_config, load_tokenizer
 from ..paths import PROJECT_ROOT
+from .loading import DTYPES, ModelRef, ModelUnavailableError, is_available_offline, load_config, load_tokenizer
 
 TASKS = ("asr", "translate", "summarize")
 DRAFTERS = ("none", "model", "prompt-lookup", "model+prompt-lookup")

@@ -90,9 +90,9 @@ def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synt
     pairs with the same main model and another assistant, whose Tandem assisted rows ("... [pair]") follow the
     pair's (RegistryError when a main model differs)."""
     from ..asr import TranscribeOptions, WhisperRunner, transcribe
-    from .sets import build_set, read_manifest
-    from .metrics import wer
     from ..models.registry import RegistryError, load_registry
+    from .metrics import wer
+    from .sets import build_set, read_manifest
 
     registry = load_registry()
     pair = registry.get(pair_name)

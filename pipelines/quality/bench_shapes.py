@@ -22,7 +22,7 @@ import torch
 
 from ..engine import AssistedDecoder, DecodeOptions, PolicyOptions, Rules, as_decoder, model_drafter
 from ..engine.decoders import EncoderOutput
-from ..engine.drafters import Drafter, Drafts, DrafterFactory
+from ..engine.drafters import Drafter, DrafterFactory, Drafts
 
 # Decoder shapes of the OpenAI checkpoints (their config.json on the hub).
 SHAPES = {
@@ -120,9 +120,9 @@ def bench_shapes(shape: str = "whisper-base", tokens: int = 64, rows: int = 1, a
     the random models run to the length). ``lookahead``: the drafts per round (a constant policy: a verify
     over ``lookahead`` + 1 columns, in passes of the main decoder's width, ``engine.whisper.step_shape``).
     Returns the report (also written to ``json_path``). ``dtype``: default float32 on a CPU, devices.resolve_dtype's on CUDA."""
-    from .bench import environment, write_report
     from ..devices import int8_allowed, resolve_dtype
     from ..models.loading import torch_dtype
+    from .bench import environment, write_report
 
     dtype = resolve_dtype(device, dtype, "float32")
     dt = torch_dtype(dtype)

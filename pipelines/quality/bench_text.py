@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..engine import DecodeOptions, PolicyOptions, rules_from_generation_config
-from .evaluation import take
 from ..models.pairs import engine_for
+from .evaluation import take
 
 SETS = {"summarize": "summarize-own", "translate": "translate-udhr"}
 TARGETS = ("deu", "fra", "spa")  # translate-udhr: English into these
@@ -40,9 +40,9 @@ class TextBenchRow:
 
 def bench_prompts(runner, task: str, limit: int) -> list[list[int]]:
     """The chat prompts of ``limit`` items of the task's set (see the module docstring)."""
-    from .sets import build_set, read_manifest
     from ..languages import code_in
     from ..text import TextOptions
+    from .sets import build_set, read_manifest
 
     build_set(SETS[task])
     items = read_manifest(SETS[task])
@@ -86,9 +86,9 @@ def bench_text(task: str, pair_name: str | None = None, limit: int = 4, max_new_
                json_path: str | None = None, models: str | None = None, log=print) -> list[TextBenchRow]:
     """Run the systems on ``limit`` items of the task's set and print (and write) the table.
     Raises ``RegistryError`` / ``ModelUnavailableError`` when the pair cannot be had."""
-    from .bench import environment, write_report
     from ..models.registry import load_registry
     from ..text import TextRunner
+    from .bench import environment, write_report
 
     registry = load_registry(models)
     pair = registry.get(pair_name) if pair_name else registry.default(task)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..asr.vad import energy_regions, silero_regions
 from ..audio import SAMPLE_RATE, load_audio, write_wav
 from .sets import read_manifest
-from ..asr.vad import energy_regions, silero_regions
 
 SR = SAMPLE_RATE
 DETECTORS = {"energy": energy_regions, "silero": silero_regions}

@@ -79,8 +79,8 @@ def _asr_runner(pair, items, dtype, policy, temperature=None, device="cpu"):
 
 def _text_runner(pair, task, items, dtype, policy, device="cpu"):
     from ..languages import code_in
-    from .metrics import bleu, chrf, rouge
     from ..text import TextOptions, TextRunner
+    from .metrics import bleu, chrf, rouge
 
     runner = TextRunner(pair, dtype, device=device)
     refs = [i["reference"] for i in items]
@@ -128,8 +128,8 @@ def evaluate(task: str, pair_name: str, set_name: str, limit: int | None = None,
     (default: its own default); ``device``: where the models run ("cpu", "cuda:0": devices.resolve_device)."""
     from ..devices import resolve_dtype
     from ..engine import PolicyOptions
-    from .sets import build_set, read_manifest
     from ..models.registry import load_registry
+    from .sets import build_set, read_manifest
 
     pair = load_registry(models).get(pair_name)
     if pair.task != task:

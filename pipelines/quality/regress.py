@@ -49,9 +49,7 @@ from pathlib import Path
 
 import yaml
 
-from .history import (
-    Finding, accept_run, baselines_for, heal_report, machine_of, open_history, render_report, store_run,
-)
+from .history import Finding, accept_run, baselines_for, heal_report, machine_of, open_history, render_report, store_run
 
 LOWER_IS_BETTER = {"wer", "cer"}
 METRICS = ("wer", "cer", "bleu", "chrf", "rouge1", "rouge2", "rougeL", "rougeLsum")
@@ -180,8 +178,8 @@ def _policy(path: Path, where: str, policy) -> tuple[tuple[str, object], ...]:
 
 
 def _check_pairs_and_sets(path: Path, models: str | None, runs: list[EvalSpec]) -> None:
-    from .sets import SETS
     from ..models.registry import RegistryError, load_registry
+    from .sets import SETS
 
     try:
         registry = load_registry(models)
@@ -347,9 +345,9 @@ def regress(config: Config, pin: int | None = None, log=print, device: str = "cp
     baseline (speed only with one measured on the same machine and device), store the run, write the report.
     Returns (run id, regressions, notes, report.html path). Raises RegressRunError when an evaluation cannot run."""
     from ..engine import PolicyOptions
-    from .sets import DataBuildError
-    from .evaluation import evaluate
     from ..models.loading import ModelUnavailableError
+    from .evaluation import evaluate
+    from .sets import DataBuildError
 
     db = open_history(config.out / "history.sqlite")
     heal_report(db, config.out)

@@ -18,7 +18,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
-from ..asr import Transcript, TranscribeOptions
+from ..asr import TranscribeOptions, Transcript
 from ..asr.batch import transcribe_files
 from . import RayOptions
 
@@ -86,9 +86,9 @@ def bench_scale(pair_name: str | None = None, set_name: str = "speech-real", lim
                 log=print) -> dict:
     """Rows in-process (1 thread, every core) and on Ray (``actor_counts`` actors), same files and options;
     logs a table and returns (and with ``json_path`` writes) ``{"environment", "pair", "rows": [...]}``."""
+    from ..models.registry import load_registry
     from ..quality.bench import environment, write_report
     from ..quality.sets import build_set, read_manifest
-    from ..models.registry import load_registry
 
     registry = load_registry()
     pair = registry.get(pair_name) if pair_name else registry.default("asr")

@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..asr import Transcript, TranscribeOptions, transcribe
+from ..asr import TranscribeOptions, Transcript, transcribe
 from ..asr.batch import BatchJob
 from ..models.registry import Pair
 from . import RayOptions, require_ray

@@ -12,11 +12,26 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ...debian import DataBuildError
-from .speech import (LONG_RECORDINGS, POCKETSPHINX, SYNTH_VOICES, build_speech_long, build_speech_real, build_speech_synth,
-                     project_sentences)
+from .speech import (
+    LONG_RECORDINGS,
+    POCKETSPHINX,
+    SYNTH_VOICES,
+    build_speech_long,
+    build_speech_real,
+    build_speech_synth,
+    project_sentences,
+)
 from .store import MANIFEST, PROJECT_DATA, SetInfo, build_atomically, read_manifest, set_dir
-from .text import (DEBIAN_MAX_ITEMS, DEBIAN_MIN_WORDS, UDHR, UDHR_LANGUAGES, build_summarize_debian, build_summarize_own,
-                   build_translate_udhr, project_documents)
+from .text import (
+    DEBIAN_MAX_ITEMS,
+    DEBIAN_MIN_WORDS,
+    UDHR,
+    UDHR_LANGUAGES,
+    build_summarize_debian,
+    build_summarize_own,
+    build_translate_udhr,
+    project_documents,
+)
 
 __all__ = ["MANIFEST", "SETS", "DataBuildError", "SetInfo", "build_set", "project_documents", "project_sentences",
            "read_manifest", "set_dir"]
