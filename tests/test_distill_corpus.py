@@ -164,6 +164,19 @@ def test_the_learning_curve_trains_each_size_and_shows_it_on_the_card(sentences,
     assert not any(ln.startswith("curve ") for ln in lines) and any("assistant written" in ln for ln in lines)
 
 
+def test_a_curve_table_says_when_its_rows_were_trained_for_other_steps():
+    from pipelines.distill.curve import curve_table
+
+    held = {"agreement": 0.8, "tokens_per_call": 3.5}
+    point = {"clips": 64, "layers": [0, 5], "draft_vocab": 900, "draft_cost": 0.2, "steps": 8, "clips_seen": 128,
+             "heldout": held, "real": held, "label_seconds": 10.0, "label_devices": ["cpu: x"], "train_seconds": 5.0,
+             "device": "cpu: x"}
+    assert curve_table([point, {**point, "clips": 128}])[0].startswith("Each student: the same optimizer steps")
+    mixed = curve_table([point, {**point, "clips": 128, "steps": 16}], {**point, "name": "old", "role": "earlier"})
+    assert "the optimizer steps of its row" in mixed[0] and "| 128 |" in mixed[5] and "| 16 (128) |" in mixed[5]
+    assert "(the earlier old, its card)" in mixed[-1]
+
+
 def test_draft_cost_counts_a_drafted_tokens_multiply_adds_against_a_main_step():
     from transformers import WhisperConfig
 

@@ -167,7 +167,10 @@ def learning_curve(opts: DistillOptions, label_teacher: Teacher, train_teacher: 
 def curve_table(points: list[dict], shipped: dict | None = None) -> list[str]:
     """Markdown rows of the learning curve by corpus size (and drafter design: the layers it started from,
     its draft vocabulary, its cost per drafted token relative to a main step)."""
-    lines = [f"Each student: the same optimizer steps, trained on the first N clips; held-out: the corpus's shard 0 "
+    same = len({p["steps"] for p in points}) <= 1
+    lines = [("Each student: the same optimizer steps, trained on the first N clips" if same else
+              "Each student: trained on the first N clips for the optimizer steps of its row (runs of their own)")
+             + f"; held-out: the corpus's shard 0 "
              f"(synthetic, its own sentences); {REAL_SET}: its clips with the main model's greedy tokens; teacher "
              "forcing, tokens per main call simulated at lookahead 5 (Medusa heads: as many as the heads), before "
              "training in brackets; draft cost: multiply-adds of a drafted token / a main step's.", "",
@@ -185,7 +188,7 @@ def curve_table(points: list[dict], shipped: dict | None = None) -> list[str]:
                      f"{p['train_seconds']:,.0f} ({p['device']}) |")
     if shipped:
         p = shipped
-        lines.append(f"| {p['clips']:,} (the shipped {p['name']}, its card) | {p['layers']} | {p['draft_vocab']:,} | "
+        lines.append(f"| {p['clips']:,} (the {p.get('role', 'shipped')} {p['name']}, its card) | {p['layers']} | {p['draft_vocab']:,} | "
                      f"{p['draft_cost']:.2f} | {p['steps']} ({p['clips_seen']:,}) | {p['heldout']['agreement']:.1%} | "
                      f"{p['heldout']['tokens_per_call']:.2f} | {p['real']['agreement']:.1%} | {p['real']['tokens_per_call']:.2f} "
                      "| see its card | see its card |")
