@@ -166,7 +166,10 @@ def learning_curve(opts: DistillOptions, label_teacher: Teacher, train_teacher: 
 
 def curve_table(points: list[dict], shipped: dict | None = None) -> list[str]:
     """Markdown rows of the learning curve by corpus size (and drafter design: the layers it started from,
-    its draft vocabulary, its cost per drafted token relative to a main step)."""
+    its draft vocabulary, its cost per drafted token relative to a main step). ``points``: ``CurvePoint``s as
+    dicts; the first line says whether they share one number of steps. ``shipped``: ``shipped_point``'s dict,
+    a last row named by its ``role`` ("shipped" unless given, e.g. "previously shipped" on the card of the
+    assistant that replaced it)."""
     same = len({p["steps"] for p in points}) <= 1
     lines = [("Each student: the same optimizer steps, trained on the first N clips" if same else
               "Each student: trained on the first N clips for the optimizer steps of its row (runs of their own)")
@@ -188,7 +191,8 @@ def curve_table(points: list[dict], shipped: dict | None = None) -> list[str]:
                      f"{p['train_seconds']:,.0f} ({p['device']}) |")
     if shipped:
         p = shipped
-        lines.append(f"| {p['clips']:,} (the {p.get('role', 'shipped')} {p['name']}, its card) | {p['layers']} | {p['draft_vocab']:,} | "
+        lines.append(f"| {p['clips']:,} (the {p.get('role', 'shipped')} {p['name']}, its card) | {p['layers']} | "
+                     f"{p['draft_vocab']:,} | "
                      f"{p['draft_cost']:.2f} | {p['steps']} ({p['clips_seen']:,}) | {p['heldout']['agreement']:.1%} | "
                      f"{p['heldout']['tokens_per_call']:.2f} | {p['real']['agreement']:.1%} | {p['real']['tokens_per_call']:.2f} "
                      "| see its card | see its card |")
