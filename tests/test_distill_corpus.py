@@ -159,9 +159,34 @@ def test_the_learning_curve_trains_each_size_and_shows_it_on_the_card(sentences,
     assert "## Learning curve by corpus size" in text and "(the shipped whisper-base-distilled, its card)" in text
     assert card["shipped"]["draft_vocab"] > 1000 and card["shipped"]["real"]["agreement"] > 0.5  # measured alike
     # a second start goes on from what the folder holds: each size's point is kept, nothing trains again
+    assert [p.get("role") for p in sizes] == [None, "this assistant"] and "8 (this assistant)" in text
+    record = json.loads((tmp_path / "corpus" / "curve.json").read_text())
+    assert record["heldout"] == 2 and [p["clips"] for p in record["sizes"]] == [4, 8]
     lines = []
     distill(DistillOptions(**{**opts.__dict__, "resume": True}), log=lines.append)
     assert not any(ln.startswith("curve ") for ln in lines) and any("assistant written" in ln for ln in lines)
+    assert json.loads((tmp_path / "corpus" / "curve.json").read_text()) == record  # the same points, not twice
+
+
+def test_the_corpus_record_keeps_every_runs_points_and_a_remeasured_one_once(tmp_path):
+    from pipelines.distill.curve import curve_table, record_points
+
+    held = {"agreement": 0.8, "tokens_per_call": 3.5}
+    point = {"clips": 64, "layers": [0, 5], "draft_vocab": 900, "draft_cost": 0.2, "steps": 8, "clips_seen": 128,
+             "heldout": held, "real": held, "label_seconds": 10.0, "label_devices": ["cpu: x"], "train_seconds": 5.0,
+             "device": "cpu: x", "measured": "2026-12-01"}
+    assert record_points(tmp_path, [point], 96, print) == [point]
+    wider = {**point, "layers": [0, 2, 5], "measured": "2026-12-02"}  # another design at the same size
+    again = {**point, "heldout": {**held, "agreement": 0.81}, "measured": "2026-12-03"}  # re-measured: replaces
+    bigger = {**point, "clips": 128}
+    sizes = record_points(tmp_path, [bigger, wider, again], 96, print)
+    assert sizes == [wider, again, bigger]
+    assert json.loads((tmp_path / "curve.json").read_text()) == {"heldout": 96, "sizes": sizes}
+    said = []
+    assert record_points(tmp_path, [point], 48, said.append) == [point] and "48" in said[0]  # another shard 0
+    assert json.loads((tmp_path / "curve.json").read_text())["sizes"] == sizes
+    rows = curve_table([{**point, "source": "typed in", "role": "this assistant"}])
+    assert rows[-1].startswith("| 64 (this assistant; typed in) |") and "(cpu: x, 2026-12-01) |" in rows[-1]
 
 
 def test_a_curve_table_says_when_its_rows_were_trained_for_other_steps():

@@ -316,16 +316,18 @@ def run_curve(opts: DistillOptions, ref: ModelRef, label_teacher: Teacher, deadl
 
     import torch
 
-    from .curve import learning_curve
+    from .curve import learning_curve, point_key
     from .export import export
 
     train_teacher = label_teacher if label_teacher.dtype == "float32" else Teacher(ref, "float32", opts.device)
     measured = learning_curve(opts, label_teacher, train_teacher, opts.corpus or default_corpus(ref), deadline, log)
     if measured is None:
         return None
-    points, shipped = measured
+    points, shipped, sizes = measured
     if opts.drafter == "medusa":  # measured only: no engine drafter reads the main's hidden state
         return opts.out
     largest = opts.out / "curve" / str(max(opts.curve))
     state = torch.load(largest / "checkpoint.pt", weights_only=False, map_location="cpu")["state"]
-    return export(opts, train_teacher, state, log, largest, [asdict(p) for p in points], shipped)
+    mine = point_key(asdict(points[-1]))
+    sizes = [{**p, "role": "this assistant"} if point_key(p) == mine else p for p in sizes]
+    return export(opts, train_teacher, state, log, largest, sizes, shipped)

@@ -3,12 +3,15 @@ first N training clips of the corpus for the same number of optimizer steps (so 
 distinct clips changes), measured on the synthetic held-out shard and on a real-speech set (speech-real: the
 main model's own greedy tokens on it, in the labelling dtype where the device runs it natively, else in
 float32: ``features_teacher``), with the device and the time labelling and
-training took. The largest size's student is exported with the curve on its card."""
+training took. Each run's points join the corpus's learning-curve record (``curve.json`` beside its manifest,
+committed with it), so the curve grows with the corpus from run to run; the largest size's student is exported
+with the whole record on its card."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -21,6 +24,7 @@ from .teacher import Teacher
 from .training import load_best, train
 
 REAL_SET = "speech-real"
+RECORD = "curve.json"  # the corpus folder's learning-curve record: every point measured on this corpus
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ class CurvePoint:
     draft_cost: float = 0.0  # multiply-adds of a drafted token / those of a main step (``draft_cost``)
     start: HeldOut | None = None  # held-out before training (for ``init=first``: the main model's early exit)
     drafter: str = "student"  # the design: a shallow student, or "medusa" (heads on the main's hidden state)
+    measured: str = ""  # UTC date of the measurement (YYYY-MM-DD)
 
 
 def real_shard(teacher: Teacher, set_name: str = REAL_SET, max_new: int = 440) -> Shard:
@@ -101,7 +106,8 @@ def measure_size(opts: DistillOptions, teacher: Teacher, clips: int, real: Shard
                        on_real, seconds, devices, round(state["seconds"], 1), f"{teacher.device}: {_where(teacher)}",
                        design.init_layers, len(design.vocab), design.cost(teacher.model.config),
                        None if start is None else HeldOut(start["agreement"], start["tokens_per_call"], start["coverage"],
-                                                          tuple(start.get("per_head", ()))), design.kind)
+                                                          tuple(start.get("per_head", ()))), design.kind,
+                       time.strftime("%Y-%m-%d", time.gmtime()))
     tmp = done.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(asdict(point), indent=1))
     os.replace(tmp, done)
@@ -141,16 +147,42 @@ def shipped_point(teacher: Teacher, heldout: Shard, real: Shard) -> dict | None:
     student.eval()
     vocab = meta["draft_vocab"]
     training = card.get("training") or {}
-    return {"name": spec.name, "clips": card["options"]["clips"], "steps": training.get("step"),
+    return {"name": spec.name, "sha256": meta.get("sha256"), "clips": card["options"]["clips"], "steps": training.get("step"),
             "clips_seen": training.get("clips_seen"), "layers": meta.get("init_layers"), "draft_vocab": len(vocab),
             "draft_cost": draft_cost(teacher.model.config, meta["layers"], len(vocab)),
             "heldout": asdict(evaluate_heldout(student, heldout, vocab)), "real": asdict(evaluate_heldout(student, real, vocab))}
 
 
+def point_key(p: dict) -> tuple:
+    """What makes two points the same measurement: size, steps and drafter design."""
+    return (p["clips"], p["steps"], p.get("drafter", "student"), tuple(p.get("layers", ())), p.get("draft_vocab", 0))
+
+
+def record_points(corpus_folder: Path, points: list[dict], heldout: int, log) -> list[dict]:
+    """Join ``points`` (``CurvePoint``s as dicts) to the corpus's learning-curve record ``corpus_folder/curve.json``
+    (written atomically; a point of the same ``point_key`` replaces the recorded one) and return every recorded
+    point, by size, then steps. A record made with another number of held-out clips (another shard 0) is
+    left as it is and only ``points`` are returned."""
+    path = corpus_folder / RECORD
+    record = json.loads(path.read_text()) if path.is_file() else {"heldout": heldout, "sizes": []}
+    if record["heldout"] != heldout:
+        log(f"{path}: measured on {record['heldout']} held-out clips, this run on {heldout}: the record is left as it is")
+        return points
+    new = {point_key(p) for p in points}
+    sizes = sorted([p for p in record["sizes"] if point_key(p) not in new] + points,
+                   key=lambda p: (p["clips"], p["steps"], p.get("measured", "")))
+    corpus_folder.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({**record, "sizes": sizes}, indent=1) + "\n")
+    os.replace(tmp, path)
+    return sizes
+
+
 def learning_curve(opts: DistillOptions, label_teacher: Teacher, train_teacher: Teacher, corpus_folder: Path | None,
-                   deadline: float | None, log) -> tuple[list[CurvePoint], dict | None] | None:
-    """Every size of ``opts.curve`` (ascending) and the shipped assistant measured alike (``shipped_point``);
-    None when the deadline came first (``--resume`` goes on)."""
+                   deadline: float | None, log) -> tuple[list[CurvePoint], dict | None, list[dict]] | None:
+    """Every size of ``opts.curve`` (ascending), the shipped assistant measured alike (``shipped_point``), and
+    the corpus's record with these points joined (``record_points``; this run's points alone without a corpus
+    folder). None when the deadline came first (``--resume`` goes on)."""
     real = real_shard(label_teacher)
     points = []
     for clips in sorted(opts.curve):
@@ -161,13 +193,16 @@ def learning_curve(opts: DistillOptions, label_teacher: Teacher, train_teacher: 
     shipped = shipped_point(train_teacher, read_shard(opts.out, HELDOUT_SHARD), real)
     (opts.out / "curve.json").write_text(json.dumps({"sizes": [asdict(p) for p in points], "shipped": shipped}, indent=1))
     (opts.out / "curve.md").write_text("\n".join(curve_table([asdict(p) for p in points], shipped)) + "\n")
-    return points, shipped
+    own = [asdict(p) for p in points]
+    sizes = own if corpus_folder is None else record_points(corpus_folder, own, opts.heldout, log)
+    return points, shipped, sizes
 
 
 def curve_table(points: list[dict], shipped: dict | None = None) -> list[str]:
     """Markdown rows of the learning curve by corpus size (and drafter design: the layers it started from,
     its draft vocabulary, its cost per drafted token relative to a main step). ``points``: ``CurvePoint``s as
-    dicts; the first line says whether they share one number of steps. ``shipped``: ``shipped_point``'s dict,
+    dicts, a point's ``role`` ("this assistant") and ``source`` (where a point typed in from elsewhere comes
+    from) said after its size; the first line says whether they share one number of steps. ``shipped``: ``shipped_point``'s dict,
     a last row named by its ``role`` ("shipped" unless given, e.g. "previously shipped" on the card of the
     assistant that replaced it)."""
     same = len({p["steps"] for p in points}) <= 1
@@ -179,16 +214,20 @@ def curve_table(points: list[dict], shipped: dict | None = None) -> list[str]:
              "training in brackets; draft cost: multiply-adds of a drafted token / a main step's.", "",
              "| clips | from layers | draft vocab | draft cost | steps (clips seen) | held-out agreement | "
              f"held-out tokens/call | {REAL_SET} agreement | {REAL_SET} tokens/call | labelling s (where) | "
-             "training s (where) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "training s (where, when) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in points:
         start = f" ({p['start']['tokens_per_call']:.2f})" if p.get("start") else ""
         design = (f"Medusa heads x{len(p['heldout'].get('per_head', ()))}" if p.get("drafter") == "medusa"
                   else str(list(p.get("layers", ()))))
-        lines.append(f"| {p['clips']:,} | {design} | {p.get('draft_vocab', 0):,} | "
+        said = "; ".join(x for x in (p.get("role"), p.get("source")) if x)
+        clips = f"{p['clips']:,}" + (f" ({said})" if said else "")
+        when = f", {p['measured']}" if p.get("measured") else ""
+        lines.append(f"| {clips} | {design} | {p.get('draft_vocab', 0):,} | "
                      f"{p.get('draft_cost', 0):.2f} | {p['steps']} ({p['clips_seen']:,}) | {p['heldout']['agreement']:.1%} | "
                      f"{p['heldout']['tokens_per_call']:.2f}{start} | {p['real']['agreement']:.1%} | "
                      f"{p['real']['tokens_per_call']:.2f} | {p['label_seconds']:,.0f} ({'; '.join(p['label_devices'])}) | "
-                     f"{p['train_seconds']:,.0f} ({p['device']}) |")
+                     f"{'not kept' if p['train_seconds'] is None else format(p['train_seconds'], ',.0f')} "
+                     f"({p['device']}{when}) |")
     if shipped:
         p = shipped
         lines.append(f"| {p['clips']:,} (the {p.get('role', 'shipped')} {p['name']}, its card) | {p['layers']} | "

@@ -19,7 +19,9 @@ from .training import load_best
 def export(opts: DistillOptions, teacher: Teacher, state: dict, log, folder: Path | None = None,
            sizes: list[dict] | None = None, shipped: dict | None = None) -> Path:
     """Write the assistant from the best checkpoint of ``folder`` (default: the run's ``train``) into
-    ``out/assistant``; ``sizes``: the learning curve by corpus size (``curve``), shown on the card."""
+    ``out/assistant``; ``sizes``: the learning curve by corpus size, every point the corpus's record holds
+    (``curve.record_points``, this assistant's row with ``role``), shown on the card with ``shipped``, the
+    assistant shipped until now measured in the same run (left off when it is this one)."""
     import torch
 
     best = load_best(teacher, opts, folder or opts.out / "train")
@@ -28,6 +30,7 @@ def export(opts: DistillOptions, teacher: Teacher, state: dict, log, folder: Pat
     tmp = final.with_name(f"assistant.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    digest = None
     card = {
         "main": str(teacher.ref), "layers": opts.layers, "init_layers": student.config.distill_init_layers,
         "draft_vocab_size": len(vocab), "training": state.get("best"), "curve": state.get("curve"),
@@ -49,6 +52,8 @@ def export(opts: DistillOptions, teacher: Teacher, state: dict, log, folder: Pat
         student.config.draft_vocab = vocab if len(vocab) < student.config.vocab_size else None
         student.save_pretrained(tmp)
         teacher.tokenizer.save_pretrained(tmp)
+    if digest and card.get("shipped") and card["shipped"].get("sha256") == digest:
+        card["shipped"] = None  # the shipped assistant is this one (a card re-exported): its row is in ``sizes``
     (tmp / "card.json").write_text(json.dumps(card, indent=1))
     (tmp / "CARD.md").write_text(card_text(card))
     shutil.rmtree(final, ignore_errors=True)
@@ -76,7 +81,9 @@ def card_text(card: dict) -> str:
     if card.get("sizes"):
         from .curve import curve_table
 
-        lines += ["", "## Learning curve by corpus size", "", *curve_table(card["sizes"], card.get("shipped"))]
+        lines += ["", "## Learning curve by corpus size", "",
+                  "Every point measured on this corpus, run after run (its record: `curve.json` beside the corpus's "
+                  "manifest).", "", *curve_table(card["sizes"], card.get("shipped"))]
     return "\n".join(lines) + "\n"
 
 
