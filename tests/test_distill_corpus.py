@@ -185,6 +185,11 @@ def test_the_corpus_record_keeps_every_runs_points_and_a_remeasured_one_once(tmp
     said = []
     assert record_points(tmp_path, [point], 48, said.append) == [point] and "48" in said[0]  # another shard 0
     assert json.loads((tmp_path / "curve.json").read_text())["sizes"] == sizes
+    for damaged in ("{not json", '{"sizes": [{"clips": 1}]}', "[]"):
+        (tmp_path / "curve.json").write_text(damaged)
+        said = []
+        assert record_points(tmp_path, [point], 96, said.append) == [point] and "left as it is" in said[0]
+        assert (tmp_path / "curve.json").read_text() == damaged
     rows = curve_table([{**point, "source": "typed in", "role": "this assistant"}])
     assert rows[-1].startswith("| 64 (this assistant; typed in) |") and "(cpu: x, 2026-12-01) |" in rows[-1]
 

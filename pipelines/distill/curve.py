@@ -161,11 +161,17 @@ def point_key(p: dict) -> tuple:
 def record_points(corpus_folder: Path, points: list[dict], heldout: int, log) -> list[dict]:
     """Join ``points`` (``CurvePoint``s as dicts) to the corpus's learning-curve record ``corpus_folder/curve.json``
     (written atomically; a point of the same ``point_key`` replaces the recorded one) and return every recorded
-    point, by size, then steps. A record made with another number of held-out clips (another shard 0) is
-    left as it is and only ``points`` are returned."""
+    point, by size, then steps. A record made with another number of held-out clips (another shard 0), or one
+    that cannot be read, is left as it is (a line in ``log`` says why) and only ``points`` are returned."""
     path = corpus_folder / RECORD
-    record = json.loads(path.read_text()) if path.is_file() else {"heldout": heldout, "sizes": []}
-    if record["heldout"] != heldout:
+    try:
+        record = json.loads(path.read_text()) if path.is_file() else {"heldout": heldout, "sizes": []}
+        known = [point_key(p) for p in record["sizes"]]
+    except (ValueError, KeyError, TypeError) as e:  # a damaged record never costs the run that just trained
+        log(f"{path}: not a learning-curve record ({type(e).__name__}: {e}): left as it is, this run's points kept "
+            "in its own curve.json")
+        return points
+    if record.get("heldout") != heldout:
         log(f"{path}: measured on {record['heldout']} held-out clips, this run on {heldout}: the record is left as it is")
         return points
     new = {point_key(p) for p in points}
