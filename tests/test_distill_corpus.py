@@ -158,10 +158,10 @@ def test_the_learning_curve_trains_each_size_and_shows_it_on_the_card(sentences,
     text = (folder / "CARD.md").read_text()
     assert "## Learning curve by corpus size" in text and "(the shipped whisper-base-distilled, its card)" in text
     assert card["shipped"]["draft_vocab"] > 1000 and card["shipped"]["real"]["agreement"] > 0.5  # measured alike
-    # a second start goes on from what the folder holds: each size's point is kept, nothing trains again
     assert [p.get("role") for p in sizes] == [None, "this assistant"] and "8 (this assistant)" in text
     record = json.loads((tmp_path / "corpus" / "curve.json").read_text())
     assert record["heldout"] == 2 and [p["clips"] for p in record["sizes"]] == [4, 8]
+    # a second start goes on from what the folder holds: each size's point is kept, nothing trains again
     lines = []
     distill(DistillOptions(**{**opts.__dict__, "resume": True}), log=lines.append)
     assert not any(ln.startswith("curve ") for ln in lines) and any("assistant written" in ln for ln in lines)
@@ -169,7 +169,7 @@ def test_the_learning_curve_trains_each_size_and_shows_it_on_the_card(sentences,
 
 
 def test_the_corpus_record_keeps_every_runs_points_and_a_remeasured_one_once(tmp_path):
-    from pipelines.distill.curve import curve_table, record_points
+    from pipelines.distill.curve import curve_table, point_key, record_points
 
     held = {"agreement": 0.8, "tokens_per_call": 3.5}
     point = {"clips": 64, "layers": [0, 5], "draft_vocab": 900, "draft_cost": 0.2, "steps": 8, "clips_seen": 128,
@@ -183,15 +183,33 @@ def test_the_corpus_record_keeps_every_runs_points_and_a_remeasured_one_once(tmp
     assert sizes == [wider, again, bigger]
     assert json.loads((tmp_path / "curve.json").read_text()) == {"heldout": 96, "sizes": sizes}
     said = []
-    assert record_points(tmp_path, [point], 48, said.append) == [point] and "48" in said[0]  # another shard 0
+    assert record_points(tmp_path, [point], 48, said.append) == [point]  # another shard 0
+    assert "this run on 48" in said[0]
     assert json.loads((tmp_path / "curve.json").read_text())["sizes"] == sizes
-    for damaged in ("{not json", '{"sizes": [{"clips": 1}]}', "[]"):
+    for damaged in ("{not json", '{"sizes": []}', '{"heldout": 96, "sizes": [{"clips": 1}]}', "[]"):
         (tmp_path / "curve.json").write_text(damaged)
         said = []
-        assert record_points(tmp_path, [point], 96, said.append) == [point] and "left as it is" in said[0]
+        assert record_points(tmp_path, [point], 96, said.append) == [point] and "not a learning-curve record" in said[0]
         assert (tmp_path / "curve.json").read_text() == damaged
+    medusa = {**point, "layers": [], "drafter": "medusa", "heldout": {**held, "per_head": [0.3] * 3}}
+    assert point_key(medusa) != point_key({**medusa, "heldout": {**held, "per_head": [0.3] * 5}})  # heads differ
     rows = curve_table([{**point, "source": "typed in", "role": "this assistant"}])
-    assert rows[-1].startswith("| 64 (this assistant; typed in) |") and "(cpu: x, 2026-12-01) |" in rows[-1]
+    assert rows[-1].startswith("| 64 (this assistant; typed in) |") and "(cpu: x, measured 2026-12-01) |" in rows[-1]
+    unlabelled = curve_table([{**point, "label_seconds": None, "train_seconds": None}])[-1]
+    assert "| not in this corpus | not kept (cpu: x, measured 2026-12-01) |" in unlabelled
+
+
+def test_the_card_names_this_assistant_and_the_shipped_one_once(tmp_path):
+    from pipelines.distill.curve import name_rows
+
+    held = {"agreement": 0.8, "tokens_per_call": 3.5}
+    a, b = ({"clips": n, "steps": 8, "layers": [0, 5], "draft_vocab": 900, "heldout": held} for n in (64, 128))
+    shipped = {**a, "layers": (0, 5), "name": "old"}  # shipped_point's dict: a recorded point, measured again
+    rows, left = name_rows([a, b], b, shipped)
+    assert [r.get("role") for r in rows] == ["shipped", "this assistant"] and left is None
+    rows, left = name_rows([a, b], b, {**shipped, "clips": 32})  # not recorded: its own row stays
+    assert [r.get("role") for r in rows] == [None, "this assistant"] and left["clips"] == 32
+    assert name_rows([a, b], a, shipped)[0][0]["role"] == "this assistant, shipped"
 
 
 def test_a_curve_table_says_when_its_rows_were_trained_for_other_steps():

@@ -316,7 +316,7 @@ def run_curve(opts: DistillOptions, ref: ModelRef, label_teacher: Teacher, deadl
 
     import torch
 
-    from .curve import learning_curve, point_key
+    from .curve import learning_curve, name_rows
     from .export import export
 
     train_teacher = label_teacher if label_teacher.dtype == "float32" else Teacher(ref, "float32", opts.device)
@@ -328,6 +328,5 @@ def run_curve(opts: DistillOptions, ref: ModelRef, label_teacher: Teacher, deadl
         return opts.out
     largest = opts.out / "curve" / str(max(opts.curve))
     state = torch.load(largest / "checkpoint.pt", weights_only=False, map_location="cpu")["state"]
-    mine = point_key(asdict(points[-1]))
-    sizes = [{**p, "role": "this assistant"} if point_key(p) == mine else p for p in sizes]
+    sizes, shipped = name_rows(sizes, asdict(points[-1]), shipped)
     return export(opts, train_teacher, state, log, largest, sizes, shipped)

@@ -147,41 +147,56 @@ def shipped_point(teacher: Teacher, heldout: Shard, real: Shard) -> dict | None:
     student.eval()
     vocab = meta["draft_vocab"]
     training = card.get("training") or {}
-    return {"name": spec.name, "sha256": meta.get("sha256"), "clips": card["options"]["clips"], "steps": training.get("step"),
+    return {"name": spec.name, "clips": card["options"]["clips"],
+            "steps": card["options"].get("steps") or training.get("step"),  # its training's length, else its best step
             "clips_seen": training.get("clips_seen"), "layers": meta.get("init_layers"), "draft_vocab": len(vocab),
             "draft_cost": draft_cost(teacher.model.config, meta["layers"], len(vocab)),
             "heldout": asdict(evaluate_heldout(student, heldout, vocab)), "real": asdict(evaluate_heldout(student, real, vocab))}
 
 
 def point_key(p: dict) -> tuple:
-    """What makes two points the same measurement: size, steps and drafter design."""
-    return (p["clips"], p["steps"], p.get("drafter", "student"), tuple(p.get("layers", ())), p.get("draft_vocab", 0))
+    """What makes two points the same measurement: size, steps and drafter design (its layers, draft
+    vocabulary, and for Medusa the number of heads)."""
+    return (p["clips"], p["steps"], p.get("drafter", "student"), tuple(p.get("layers") or ()), p.get("draft_vocab", 0),
+            len(p["heldout"].get("per_head") or ()))
 
 
 def record_points(corpus_folder: Path, points: list[dict], heldout: int, log) -> list[dict]:
     """Join ``points`` (``CurvePoint``s as dicts) to the corpus's learning-curve record ``corpus_folder/curve.json``
     (written atomically; a point of the same ``point_key`` replaces the recorded one) and return every recorded
     point, by size, then steps. A record made with another number of held-out clips (another shard 0), or one
-    that cannot be read, is left as it is (a line in ``log`` says why) and only ``points`` are returned."""
+    that cannot be read or written, is left as it is (a line in ``log`` says why) and only ``points`` are
+    returned."""
     path = corpus_folder / RECORD
     try:
-        record = json.loads(path.read_text()) if path.is_file() else {"heldout": heldout, "sizes": []}
-        known = [point_key(p) for p in record["sizes"]]
-    except (ValueError, KeyError, TypeError) as e:  # a damaged record never costs the run that just trained
+        record = json.loads(path.read_text()) if path.exists() else {"heldout": heldout, "sizes": []}
+        if record["heldout"] != heldout:
+            log(f"{path}: measured on {record['heldout']} held-out clips, this run on {heldout}: the record is "
+                "left as it is")
+            return points
+        new = {point_key(p) for p in points}
+        sizes = sorted([p for p in record["sizes"] if point_key(p) not in new] + points,
+                       key=lambda p: (p["clips"], p["steps"], p.get("measured") or ""))
+        corpus_folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({**record, "sizes": sizes}, indent=1) + "\n")
+        os.replace(tmp, path)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # never costs the run that just trained
         log(f"{path}: not a learning-curve record ({type(e).__name__}: {e}): left as it is, this run's points kept "
             "in its own curve.json")
         return points
-    if record.get("heldout") != heldout:
-        log(f"{path}: measured on {record['heldout']} held-out clips, this run on {heldout}: the record is left as it is")
-        return points
-    new = {point_key(p) for p in points}
-    sizes = sorted([p for p in record["sizes"] if point_key(p) not in new] + points,
-                   key=lambda p: (p["clips"], p["steps"], p.get("measured", "")))
-    corpus_folder.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({**record, "sizes": sizes}, indent=1) + "\n")
-    os.replace(tmp, path)
     return sizes
+
+
+def name_rows(sizes: list[dict], mine: dict, shipped: dict | None) -> tuple[list[dict], dict | None]:
+    """The card's rows: ``sizes`` with ``mine`` (the exported point) and the shipped assistant (``shipped_point``)
+    named by their ``role``; ``shipped`` comes back None where it is a recorded point (one row, not two)."""
+    now = shipped and point_key(shipped)
+    roles = {point_key(mine): "this assistant"}
+    if now:
+        roles[now] = "this assistant, shipped" if now in roles else "shipped"
+    rows = [{**p, "role": roles[point_key(p)]} if point_key(p) in roles else p for p in sizes]
+    return rows, None if now in {point_key(p) for p in sizes} else shipped
 
 
 def learning_curve(opts: DistillOptions, label_teacher: Teacher, train_teacher: Teacher, corpus_folder: Path | None,
@@ -220,18 +235,20 @@ def curve_table(points: list[dict], shipped: dict | None = None) -> list[str]:
              "training in brackets; draft cost: multiply-adds of a drafted token / a main step's.", "",
              "| clips | from layers | draft vocab | draft cost | steps (clips seen) | held-out agreement | "
              f"held-out tokens/call | {REAL_SET} agreement | {REAL_SET} tokens/call | labelling s (where) | "
-             "training s (where, when) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "training s (where) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in points:
         start = f" ({p['start']['tokens_per_call']:.2f})" if p.get("start") else ""
         design = (f"Medusa heads x{len(p['heldout'].get('per_head', ()))}" if p.get("drafter") == "medusa"
                   else str(list(p.get("layers", ()))))
         said = "; ".join(x for x in (p.get("role"), p.get("source")) if x)
         clips = f"{p['clips']:,}" + (f" ({said})" if said else "")
-        when = f", {p['measured']}" if p.get("measured") else ""
+        when = f", measured {p['measured']}" if p.get("measured") else ""
+        labelled = ("not in this corpus" if p["label_seconds"] is None
+                    else f"{p['label_seconds']:,.0f} ({'; '.join(p['label_devices'])})")
         lines.append(f"| {clips} | {design} | {p.get('draft_vocab', 0):,} | "
                      f"{p.get('draft_cost', 0):.2f} | {p['steps']} ({p['clips_seen']:,}) | {p['heldout']['agreement']:.1%} | "
                      f"{p['heldout']['tokens_per_call']:.2f}{start} | {p['real']['agreement']:.1%} | "
-                     f"{p['real']['tokens_per_call']:.2f} | {p['label_seconds']:,.0f} ({'; '.join(p['label_devices'])}) | "
+                     f"{p['real']['tokens_per_call']:.2f} | {labelled} | "
                      f"{'not kept' if p['train_seconds'] is None else format(p['train_seconds'], ',.0f')} "
                      f"({p['device']}{when}) |")
     if shipped:

@@ -20,8 +20,8 @@ def export(opts: DistillOptions, teacher: Teacher, state: dict, log, folder: Pat
            sizes: list[dict] | None = None, shipped: dict | None = None) -> Path:
     """Write the assistant from the best checkpoint of ``folder`` (default: the run's ``train``) into
     ``out/assistant``; ``sizes``: the learning curve by corpus size, every point the corpus's record holds
-    (``curve.record_points``, this assistant's row with ``role``), shown on the card with ``shipped``, the
-    assistant shipped until now measured in the same run (left off when it is this one)."""
+    (``curve.record_points``, this assistant's row and the shipped one's with ``role``), shown on the card with
+    ``shipped``, the shipped assistant measured in the same run where it is not a recorded point."""
     import torch
 
     best = load_best(teacher, opts, folder or opts.out / "train")
@@ -30,7 +30,6 @@ def export(opts: DistillOptions, teacher: Teacher, state: dict, log, folder: Pat
     tmp = final.with_name(f"assistant.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    digest = None
     card = {
         "main": str(teacher.ref), "layers": opts.layers, "init_layers": student.config.distill_init_layers,
         "draft_vocab_size": len(vocab), "training": state.get("best"), "curve": state.get("curve"),
@@ -52,8 +51,6 @@ def export(opts: DistillOptions, teacher: Teacher, state: dict, log, folder: Pat
         student.config.draft_vocab = vocab if len(vocab) < student.config.vocab_size else None
         student.save_pretrained(tmp)
         teacher.tokenizer.save_pretrained(tmp)
-    if digest and card.get("shipped") and card["shipped"].get("sha256") == digest:
-        card["shipped"] = None  # the shipped assistant is this one (a card re-exported): its row is in ``sizes``
     (tmp / "card.json").write_text(json.dumps(card, indent=1))
     (tmp / "CARD.md").write_text(card_text(card))
     shutil.rmtree(final, ignore_errors=True)
