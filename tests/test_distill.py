@@ -6,6 +6,7 @@ Whisper assistant's checksum guard."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import yaml
@@ -124,5 +125,9 @@ def test_a_curve_point_measured_at_other_steps_is_not_reused(tmp_path):
     (folder / "point.json").write_text(json.dumps(asdict(CurvePoint(64, 12, 192, held, held, 1.0, ("cpu: x",), 2.0, "cpu"))))
     opts = DistillOptions(main="whisper-base", out=tmp_path, curve=(64,), steps=12)
     assert measure_size(opts, None, 64, None, None, None, print).steps == 12
+    undated = {k: v for k, v in json.loads((folder / "point.json").read_text()).items() if k != "measured"}
+    (folder / "point.json").write_text(json.dumps(undated))  # written before points carried their date
+    os.utime(folder / "point.json", (1764806400, 1764806400))  # 2025-12-04 00:00 UTC
+    assert measure_size(opts, None, 64, None, None, None, print).measured == "2025-12-04"
     with pytest.raises(DistillError, match="trained for 12 steps, this curve asks for 24"):
         measure_size(DistillOptions(**{**opts.__dict__, "steps": 24}), None, 64, None, None, None, print)

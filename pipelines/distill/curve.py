@@ -88,7 +88,10 @@ def measure_size(opts: DistillOptions, teacher: Teacher, clips: int, real: Shard
     folder = opts.out / "curve" / str(clips)
     done = folder / "point.json"
     if done.is_file():
-        point = point_from_json(json.loads(done.read_text()))
+        stored = json.loads(done.read_text())
+        # a point written before points carried their date: the day its file was written
+        stored["measured"] = stored.get("measured") or time.strftime("%Y-%m-%d", time.gmtime(done.stat().st_mtime))
+        point = point_from_json(stored)
         if point.steps != opts.steps:  # "the same steps each": a size measured at other steps is not reused
             raise DistillError(f"{done}: {clips} clips were trained for {point.steps} steps, this curve asks for "
                                f"{opts.steps}: give the same --steps/--epochs and largest size, or another --out")
@@ -164,7 +167,7 @@ def point_key(p: dict) -> tuple:
 def record_points(corpus_folder: Path, points: list[dict], heldout: int, log) -> list[dict]:
     """Join ``points`` (``CurvePoint``s as dicts) to the corpus's learning-curve record ``corpus_folder/curve.json``
     (written atomically; a point of the same ``point_key`` replaces the recorded one) and return every recorded
-    point, by size, then steps. A record made with another number of held-out clips (another shard 0), or one
+    point, by size, then steps, date and design. A record made with another number of held-out clips (another shard 0), or one
     that cannot be read or written, is left as it is (a line in ``log`` says why) and only ``points`` are
     returned."""
     path = corpus_folder / RECORD
@@ -176,7 +179,7 @@ def record_points(corpus_folder: Path, points: list[dict], heldout: int, log) ->
             return points
         new = {point_key(p) for p in points}
         sizes = sorted([p for p in record["sizes"] if point_key(p) not in new] + points,
-                       key=lambda p: (p["clips"], p["steps"], p.get("measured") or ""))
+                       key=lambda p: (p["clips"], p["steps"], p.get("measured") or "", point_key(p)))
         corpus_folder.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps({**record, "sizes": sizes}, indent=1) + "\n")
