@@ -10,13 +10,13 @@ with the whole record on its card."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ..paths import write_atomic
 from .options import HELDOUT_SHARD, DistillError, DistillOptions, HeldOut
 from .shards import GROUP, Shard, read_shard
 from .student import draft_cost, evaluate_heldout
@@ -111,9 +111,7 @@ def measure_size(opts: DistillOptions, teacher: Teacher, clips: int, real: Shard
                        None if start is None else HeldOut(start["agreement"], start["tokens_per_call"], start["coverage"],
                                                           tuple(start.get("per_head", ()))), design.kind,
                        time.strftime("%Y-%m-%d", time.gmtime()))
-    tmp = done.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(asdict(point), indent=1))
-    os.replace(tmp, done)
+    write_atomic(done, json.dumps(asdict(point), indent=1))
     log(f"curve {clips} clips: held-out {heldout.agreement:.1%} / {heldout.tokens_per_call:.2f} tokens per call, "
         f"{REAL_SET} {on_real.agreement:.1%} / {on_real.tokens_per_call:.2f}, {point.train_seconds} s training")
     return point
@@ -180,10 +178,7 @@ def record_points(corpus_folder: Path, points: list[dict], heldout: int, log) ->
         new = {point_key(p) for p in points}
         sizes = sorted([p for p in record["sizes"] if point_key(p) not in new] + points,
                        key=lambda p: (p["clips"], p["steps"], p.get("measured") or "", point_key(p)))
-        corpus_folder.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({**record, "sizes": sizes}, indent=1) + "\n")
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps({**record, "sizes": sizes}, indent=1) + "\n")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # never costs the run that just trained
         log(f"{path}: not a learning-curve record ({type(e).__name__}: {e}): left as it is, this run's points kept "
             "in its own curve.json")
@@ -215,9 +210,9 @@ def learning_curve(opts: DistillOptions, label_teacher: Teacher, train_teacher: 
             return None
         points.append(point)
     shipped = shipped_point(train_teacher, read_shard(opts.out, HELDOUT_SHARD), real)
-    (opts.out / "curve.json").write_text(json.dumps({"sizes": [asdict(p) for p in points], "shipped": shipped}, indent=1))
-    (opts.out / "curve.md").write_text("\n".join(curve_table([asdict(p) for p in points], shipped)) + "\n")
     own = [asdict(p) for p in points]
+    (opts.out / "curve.json").write_text(json.dumps({"sizes": own, "shipped": shipped}, indent=1))
+    (opts.out / "curve.md").write_text("\n".join(curve_table(own, shipped)) + "\n")
     sizes = own if corpus_folder is None else record_points(corpus_folder, own, opts.heldout, log)
     return points, shipped, sizes
 
