@@ -138,11 +138,15 @@ def test_bench_shapes_oracle_sets_the_acceptance_and_output_stays_exact(monkeypa
 
     monkeypatch.setitem(bench_shapes.SHAPES, "tiny", {"d_model": 64, "decoder_layers": 2, "decoder_attention_heads": 4,
                                                       "decoder_ffn_dim": 128, "vocab_size": 500})
-    report = bench_shapes.bench_shapes("tiny", tokens=24, acceptances=(0.0, 1.0), lookahead=3,
+    report = bench_shapes.bench_shapes("tiny", tokens=24, acceptances=(0.0, 1.0), lookaheads=(3, 6), width=8,
                                        json_path=str(tmp_path / "s.json"), log=lambda *_: None)
-    never, always = report["rows_out"][2:]
-    assert never["identical"] and always["identical"]
+    never, always, never6, always6 = report["rows_out"][2:]
+    assert [(r["acceptance"], r["lookahead"]) for r in (never, always, never6, always6)] == [
+        (0.0, 3), (1.0, 3), (0.0, 6), (1.0, 6)]
+    assert all(r["identical"] for r in (never, always, never6, always6))
     assert never["tokens_per_call"] == 1.0 and always["tokens_per_call"] >= 3.5
+    assert never6["tokens_per_call"] == 1.0 and always6["tokens_per_call"] >= 5.5  # 7 a call: one pass of width 8
+    assert report["width"] == 8 and report["lookaheads"] == [3, 6]
     assert report["environment"]["device"] == "cpu" and (tmp_path / "s.json").is_file()
 
 

@@ -221,18 +221,26 @@ def cmd_bench_shapes(args: argparse.Namespace) -> int:
     if not acceptances or any(not 0.0 <= a <= 1.0 for a in acceptances):
         print(f"tandem: --acceptance takes numbers from 0 to 1, not {args.acceptance!r}", file=sys.stderr)
         return 2
+    try:
+        lookaheads = tuple(int(k) for k in args.lookahead.split(",") if k.strip())
+    except ValueError:
+        lookaheads = ()
+    if not lookaheads or any(k < 1 for k in lookaheads) or (args.width is not None and args.width < 1):
+        print(f"tandem: --lookahead takes whole numbers from 1, comma-separated, not {args.lookahead!r}; "
+              f"--width a whole number from 1", file=sys.stderr)
+        return 2
     if args.step_costs:
         from dataclasses import asdict
 
         from ..quality.bench import environment, write_report
         from ..quality.bench_shapes import step_costs
 
-        costs = step_costs(args.shape, args.dtype, args.device, args.lookahead)
-        write_report({"environment": environment(args.device), "shape": args.shape, "lookahead": args.lookahead,
-                      "step_costs": [asdict(c) for c in costs]}, args.json, print)
+        costs = step_costs(args.shape, args.dtype, args.device, lookaheads[0], width=args.width)
+        write_report({"environment": environment(args.device), "shape": args.shape, "lookahead": lookaheads[0],
+                      "width": args.width, "step_costs": [asdict(c) for c in costs]}, args.json, print)
         return 0
-    bench_shapes(args.shape, args.tokens, args.rows, acceptances, args.lookahead, args.dtype, args.device,
-                 args.assistant_layers, args.json)
+    bench_shapes(args.shape, args.tokens, args.rows, acceptances, lookaheads, args.dtype, args.device,
+                 args.assistant_layers, args.json, width=args.width)
     return 0
 
 

@@ -38,6 +38,7 @@ PROMPT = [1, 2, 3]  # any ids: the models are random
 class ShapeRow:
     system: str
     acceptance: float | None  # the oracle's per-token acceptance (assisted rows)
+    lookahead: int | None  # drafts per round (assisted rows)
     seconds: float  # decoding wall time, all rows, encoder not included
     tokens: int
     tokens_per_call: float | None  # tokens per main-model pass per row
@@ -114,12 +115,14 @@ def _hf_generate(model, hidden: torch.Tensor, tokens: int) -> tuple[float, list[
 
 
 def bench_shapes(shape: str = "whisper-base", tokens: int = 64, rows: int = 1, acceptances=(0.6, 0.8, 0.9),
-                 lookahead: int = 3, dtype: str | None = None, device: str = "cpu", assistant_layers: int = 2,
-                 json_path: str | None = None, log=print) -> dict:
+                 lookaheads: tuple[int, ...] = (3,), dtype: str | None = None, device: str = "cpu",
+                 assistant_layers: int = 2, json_path: str | None = None, log=print, width: int | None = None) -> dict:
     """Every system on the same random encoder output, ``tokens`` new tokens per row (no end-of-sequence:
-    the random models run to the length). ``lookahead``: the drafts per round (a constant policy: a verify
-    over ``lookahead`` + 1 columns, in passes of the main decoder's width, ``engine.whisper.step_shape``).
-    Returns the report (also written to ``json_path``). ``dtype``: default float32 on a CPU, devices.resolve_dtype's on CUDA."""
+    the random models run to the length). ``lookaheads``: the drafts per round, one assisted row per lookahead
+    and acceptance (a constant policy: a verify over lookahead + 1 columns, in passes of the main decoder's
+    width). ``width``: the main decoder's pass width, plain and assisted alike (default: the device's,
+    ``engine.whisper.step_shape``). Returns the report (also written to ``json_path``). ``dtype``: default
+    float32 on a CPU, devices.resolve_dtype's on CUDA."""
     from ..devices import int8_allowed, resolve_dtype
     from ..models.loading import torch_dtype
     from .bench import environment, write_report
@@ -133,15 +136,17 @@ def bench_shapes(shape: str = "whisper-base", tokens: int = 64, rows: int = 1, a
     log(f"environment: {environment(device)}")
     log(f"shape {shape} ({spec['decoder_layers']} decoder layers, d_model {spec['d_model']}, vocabulary "
         f"{spec['vocab_size']}), assistant {assistant_layers} layers, random weights, {dtype}, {rows} row(s), "
-        f"{tokens} tokens; built in {time.perf_counter() - start:.1f} s")
+        f"{tokens} tokens, main pass width {width or 'the device default'}; built in {time.perf_counter() - start:.1f} s")
     torch.manual_seed(2)
     hidden = torch.randn(rows, 1500, spec["d_model"], dtype=dt, device=device)
     enc = EncoderOutput(hidden, None)
     main = as_decoder(main_model)
-    options = DecodeOptions(max_new_tokens=tokens, policy=PolicyOptions("constant", lookahead))
+    if width is not None:
+        main.width = width
     prompts = [list(PROMPT)] * rows
 
-    def run(engine: AssistedDecoder):
+    def run(engine: AssistedDecoder, lookahead: int = 1):
+        options = DecodeOptions(max_new_tokens=tokens, policy=PolicyOptions("constant", lookahead))
         begin = time.perf_counter()
         result = engine.generate(prompts, Rules(), options, encoder_output=enc)
         return time.perf_counter() - begin, result
@@ -151,24 +156,26 @@ def bench_shapes(shape: str = "whisper-base", tokens: int = 64, rows: int = 1, a
     run(AssistedDecoder(main, None))  # warm-up
     plain_s, plain = run(AssistedDecoder(main, None))
     reference = [list(t) for t in plain.tokens]
-    out = [ShapeRow("transformers generate (eager)", None, hf_s, rows * tokens, None, plain_s / hf_s, 1.0, None),
-           ShapeRow("tandem plain", None, plain_s, plain.stats.new_tokens, 1.0, 1.0, hf_s / plain_s, None)]
+    out = [ShapeRow("transformers generate (eager)", None, None, hf_s, rows * tokens, None, plain_s / hf_s, 1.0, None),
+           ShapeRow("tandem plain", None, None, plain_s, plain.stats.new_tokens, 1.0, 1.0, hf_s / plain_s, None)]
     # the assistant as pairs load it: the lean draft decoder, int8 weights where the device has the kernels
     draft = model_drafter(as_decoder(assistant, assistant=True, int8=int8_allowed(device)), share_encoder=True, pad_id=0)
-    for a in acceptances:
-        engine = AssistedDecoder(main, oracle(draft, reference, a, spec["vocab_size"]))
-        run(engine)  # warm-up
-        seconds, result = run(engine)
-        s = result.stats
-        out.append(ShapeRow(f"tandem assisted, acceptance {a}", a, seconds, s.new_tokens, s.new_tokens / max(s.row_calls, 1),
-                            plain_s / seconds, hf_s / seconds, [list(t) for t in result.tokens] == reference))
+    for k in lookaheads:
+        for a in acceptances:
+            engine = AssistedDecoder(main, oracle(draft, reference, a, spec["vocab_size"]))
+            run(engine, k)  # warm-up
+            seconds, result = run(engine, k)
+            s = result.stats
+            name = f"tandem assisted, acceptance {a}" + (f", k {k}" if len(lookaheads) > 1 else "")
+            out.append(ShapeRow(name, a, k, seconds, s.new_tokens, s.new_tokens / max(s.row_calls, 1),
+                                plain_s / seconds, hf_s / seconds, [list(t) for t in result.tokens] == reference))
     log(f"{'system':36s} {'seconds':>8s} {'tok/s':>8s} {'tok/call':>8s} {'vs plain':>8s} {'vs generate':>11s} {'identical':>9s}")
     for r in out:
         tpc = f"{r.tokens_per_call:8.2f}" if r.tokens_per_call else f"{'-':>8s}"
         same = f"{'-':>9s}" if r.identical is None else f"{'yes' if r.identical else 'NO':>9s}"
         log(f"{r.system:36s} {r.seconds:8.2f} {r.tokens / r.seconds:8.1f} {tpc} {r.speedup:7.2f}x {r.vs_generate:10.2f}x {same}")
     report = {"environment": environment(device), "shape": shape, "dtype": dtype, "rows": rows, "tokens": tokens,
-              "lookahead": lookahead, "assistant_layers": assistant_layers, "rows_out": [asdict(r) for r in out]}
+              "lookaheads": list(lookaheads), "width": width, "assistant_layers": assistant_layers, "rows_out": [asdict(r) for r in out]}
     return write_report(report, json_path, log)
 
 
@@ -181,7 +188,7 @@ class StepCost:
 
 
 def step_costs(shape: str = "whisper-base", dtype: str | None = None, device: str = "cpu", lookahead: int = 3,
-               repeats: int = 30, log=print) -> list[StepCost]:
+               repeats: int = 30, log=print, width: int | None = None) -> list[StepCost]:
     """One row, a cache of 40 tokens, random weights at ``shape``: the wall time of a main-decoder step, a
     verify pass over ``lookahead`` + 1 tokens and a 2-layer draft step, eager and (CUDA) on the graph fast
     path, beside each path's own kernel time on CUDA (``torch.profiler``'s device time; where the profiler
@@ -206,6 +213,7 @@ def step_costs(shape: str = "whisper-base", dtype: str | None = None, device: st
     for path in ("eager", "graphs") if cuda else ("eager",):
         with torch.inference_mode():
             main = as_decoder(main_model)
+            main.width = width or main.width  # the main decoder's pass width (None: the device's)
             draft = as_decoder(assistant, assistant=True, int8=int8_allowed(device))
             main.graphs = draft.graphs = "capture" if path == "graphs" else None
             cache = main.new_cache(1, capacity=448)
@@ -226,7 +234,8 @@ def step_costs(shape: str = "whisper-base", dtype: str | None = None, device: st
             out.append(StepCost(part, path, wall, kernels))
         cache.release()
         draft_cache.release()
-    log(f"step costs at {shape}'s shapes, {dtype}, {device}, 1 row, a 40-token cache (ms a call):")
+    log(f"step costs at {shape}'s shapes, {dtype}, {device}, 1 row, a 40-token cache, main pass width "
+        f"{width or 'the device default'} (ms a call):")
     log(f"{'part':28s} {'path':7s} {'wall ms':>8s} {'kernel ms':>9s}")
     for c in out:
         log(f"{c.part:28s} {c.path:7s} {c.wall_ms:8.3f} {'-' if c.kernel_ms is None else f'{c.kernel_ms:.3f}':>9s}")
