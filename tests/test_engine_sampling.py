@@ -76,3 +76,26 @@ def test_the_test_catches_a_broken_acceptance_rule(models, monkeypatch):
     monkeypatch.setattr(core, "accept_sampling", always_accept)
     counts, _ = _sample(main, small)
     assert _chi_square_p(counts, _exact_joint(main), N) < 1e-6
+
+
+def test_a_seed_gives_the_same_sample_whatever_the_adaptive_policy_measured(models, monkeypatch):
+    """How many random draws a round takes follows its lookahead, and the adaptive policy picks lookaheads
+    from wall-clock costs: a seeded sampled request takes the heuristic policy instead, so the same seed gives
+    the same tokens however fast the machine was. Checked by making the clock run differently between two
+    requests (the adaptive policy would then pick other lookaheads)."""
+    import itertools
+    import time as real_time
+
+    main, small = models
+    engine = AssistedDecoder(as_decoder(main), model_drafter(as_decoder(small), share_encoder=False, pad_id=1), pad_id=1)
+    options = DecodeOptions(max_new_tokens=12, do_sample=True, sampling=SAMPLING, seed=7)
+    assert core.seeded_policy(options).name == "heuristic"
+    assert core.seeded_policy(DecodeOptions(do_sample=True)).name == "adaptive"  # no seed: nothing to keep
+    assert core.seeded_policy(DecodeOptions(seed=7)).name == "adaptive"  # greedy: exact whatever the lookahead
+    runs = []
+    for step in (1e-4, 5e-2):  # a fast clock, then a slow one: other measured costs
+        ticks = itertools.count()
+        monkeypatch.setattr(core.time, "perf_counter", lambda s=step, t=ticks: next(t) * s)
+        runs.append(engine.generate([PROMPT] * 3, Rules(eos=()), options).tokens)
+    monkeypatch.setattr(core.time, "perf_counter", real_time.perf_counter)
+    assert runs[0] == runs[1]

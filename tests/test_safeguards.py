@@ -112,6 +112,30 @@ def test_fallback_samples_assisted_and_off_means_today(registry, speech_real):
     assert [r.text for r in a] == [r.text for r in b] and all(r.identical for r in a + b)
 
 
+def test_a_files_sampled_fallbacks_do_not_depend_on_where_it_lives(registry, speech_real, tmp_path):
+    """The fallbacks' samples are seeded by the window's audio and start, not by the file's path: the same
+    clip under two names in two folders gives the same sampled retries (a forced fallback at temperature 1.0
+    decodes the same tokens)."""
+    import shutil
+
+    from pipelines.asr import TranscribeOptions, WhisperRunner, transcribe
+    from pipelines.asr.batching import window_seed
+
+    pair = registry.get("whisper-base+distilled")
+    runner = WhisperRunner(pair)
+    copies = []
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        copies.append(shutil.copy(speech_real[0]["audio_path"], tmp_path / folder / f"{folder}-copy.wav"))
+    forced = TranscribeOptions(logprob_threshold=0.0, temperature=(0.0, 1.0))
+    first, second = sorted(transcribe(copies, pair, forced, runner), key=lambda r: r.path)
+    sampled = lambda r: (r.tokens, r.accepted, r.main_calls)  # noqa: E731  (what the samples decided)
+    assert first.retried == second.retried == 1 and sampled(first) == sampled(second)
+    audio = np.linspace(-0.5, 0.5, 480, dtype=np.float32)
+    assert window_seed(audio, 0) == window_seed(audio.copy(), 0) != window_seed(audio, 480)
+    assert window_seed(audio, 0) != window_seed(audio[::-1], 0)
+
+
 def test_bad_safeguard_options_are_refused():
     from pipelines.asr import TranscribeOptions
 

@@ -130,6 +130,13 @@ def _gather(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOpt
     return work
 
 
+def window_seed(audio: np.ndarray, start: int) -> int:
+    """The seed of a window's sampled fallbacks: crc32 of its float32 samples, then of its start (in samples),
+    so that a file gives the same transcript wherever it lives and whatever its name (a seed from the path
+    made a copied folder, or a test's temporary one, sample other fallbacks)."""
+    return zlib.crc32(str(start).encode(), zlib.crc32(np.ascontiguousarray(audio, dtype=np.float32).tobytes()))
+
+
 def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptions) -> int:
     """Advance every active cursor: its next window (or chunks) decoded together with the other files',
     under Whisper's safeguards (``safeguards.decide``). Returns how many windows (or chunks) were decoded."""
@@ -140,7 +147,7 @@ def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptio
             continue
         # batch rows must share the prompt length (same model, same mode: always true here)
         enc, encode_s = runner.encode_windows([p.audio for p in items], [p.encoded for p in items])
-        seeds = [zlib.crc32(f"{p.cursor.path}:{p.start}".encode("utf-8", "surrogateescape")) for p in items]
+        seeds = [window_seed(p.audio, p.start) for p in items]
         verdicts, calls = decide(runner, enc, [p.cursor.prompt for p in items], timestamps, options, seeds)
         for rows, result in calls:
             for j, r in enumerate(rows):

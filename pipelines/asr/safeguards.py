@@ -91,8 +91,6 @@ def decide(runner, enc, prompts: list[list[int]], timestamps: bool, options, see
     """Decode encoded windows (``enc``, rows = windows) with the safeguards: greedily first, then the rows
     that need it at each next temperature (speculative sampling, seeded per window: ``seeds``). Returns a
     ``WindowVerdict`` per window, and every engine call as (rows it decoded, DecodeResult) for accounting."""
-    from dataclasses import replace
-
     from ..engine import EncoderOutput
 
     eot = runner.model.generation_config.eos_token_id
@@ -103,27 +101,43 @@ def decide(runner, enc, prompts: list[list[int]], timestamps: bool, options, see
     todo = list(range(n))
     temperatures = options.temperature
     for i, temperature in enumerate(temperatures):
-        sub = enc if len(todo) == n else EncoderOutput(enc.hidden[todo], None)
-        result = runner.decode_encoded(sub, [prompts[r] for r in todo], timestamps, options, temperature,
-                                       seed=None if temperature == 0 else seeds[todo[0]] + i,
-                                       no_speech=i == 0 and options.no_speech_threshold is not None)
-        if i == 0:
-            no_speech = runner.no_speech_probs(result)
-        calls.append((todo, result))
         retry = []
-        for j, r in enumerate(todo):
-            tokens = list(result.tokens[j])
-            logprob = avg_logprob(result.sum_logprobs[j], tokens, eot)
-            ratio = compression_ratio(runner.text_of(tokens))
-            verdict = WindowVerdict(tuple(tokens), temperature, logprob, ratio, no_speech[r], retried=i)
-            if is_silence(no_speech[r], logprob, options):
-                verdict = replace(verdict, tokens=(), skipped=True)
-            elif needs_fallback(ratio, logprob, no_speech[r], options) and i < len(temperatures) - 1:
-                retry.append(r)
-            elif needs_fallback(ratio, logprob, no_speech[r], options) and len(temperatures) > 1:
-                verdict = replace(verdict, tokens=(), dropped=True)  # a loop, or unlikely, even at the last temperature
-            verdicts[r] = verdict
+        # greedy: the windows together; sampled: each window alone with its own seed, so that its draws depend
+        # on its audio only, not on which windows share its batch (one generator serves a whole call)
+        for rows in [todo] if temperature == 0 else [[r] for r in todo]:
+            sub = enc if len(rows) == n else EncoderOutput(enc.hidden[rows], None)
+            result = runner.decode_encoded(sub, [prompts[r] for r in rows], timestamps, options, temperature,
+                                           seed=None if temperature == 0 else seeds[rows[0]] + i,
+                                           no_speech=i == 0 and options.no_speech_threshold is not None)
+            if i == 0 and options.no_speech_threshold is not None:
+                for r, p in zip(rows, runner.no_speech_probs(result)):
+                    no_speech[r] = p
+            calls.append((rows, result))
+            retry += _judge(result, rows, temperature, i, no_speech, verdicts, runner, eot, options)
         todo = retry
         if not todo:
             break
     return verdicts, calls
+
+
+def _judge(result, rows: list[int], temperature: float, i: int, no_speech: list[float | None],
+           verdicts: list, runner, eot: int, options) -> list[int]:
+    """Each decoded window's verdict into ``verdicts`` (skipped as silence, kept, or dropped after the last
+    temperature); returns the windows to decode again at the next temperature."""
+    from dataclasses import replace
+
+    last = i == len(options.temperature) - 1
+    retry = []
+    for j, r in enumerate(rows):
+        tokens = list(result.tokens[j])
+        logprob = avg_logprob(result.sum_logprobs[j], tokens, eot)
+        ratio = compression_ratio(runner.text_of(tokens))
+        verdict = WindowVerdict(tuple(tokens), temperature, logprob, ratio, no_speech[r], retried=i)
+        if is_silence(no_speech[r], logprob, options):
+            verdict = replace(verdict, tokens=(), skipped=True)
+        elif needs_fallback(ratio, logprob, no_speech[r], options) and not last:
+            retry.append(r)
+        elif needs_fallback(ratio, logprob, no_speech[r], options) and len(options.temperature) > 1:
+            verdict = replace(verdict, tokens=(), dropped=True)  # a loop, or unlikely, even at the last temperature
+        verdicts[r] = verdict
+    return retry

@@ -100,6 +100,16 @@ def _truncate(tokens: list[int], eos: tuple[int, ...], room: int) -> tuple[list[
     return tokens, False
 
 
+def seeded_policy(options: DecodeOptions) -> PolicyOptions:
+    """The lookahead policy of a request. A seeded sample is a function of its random draws, and how many draws
+    a round takes follows the lookahead, so the adaptive policy (which reads wall-clock costs) would make one
+    seed give other samples from run to run: a seeded sampled request takes the heuristic policy instead
+    (+2 / -1 by acceptance, itself a function of the draws). The distribution is the main model's either way."""
+    if options.do_sample and options.seed is not None and options.policy.name == "adaptive":
+        return replace(options.policy, name="heuristic")
+    return options.policy
+
+
 def add_logprobs(total: float, logits: torch.Tensor, tokens: list[int]) -> float:
     """total + sum_j log softmax(logits[j])[tokens[j]], one position at a time and in order, so a token
     verified in a pass of several adds the same float as one decoded alone."""
@@ -186,7 +196,7 @@ class AssistedDecoder:
         sampling = options.sampling if options.do_sample else None
         use = options.use_drafter and self.make_drafter is not None
         drafter = self.make_drafter(rules, options.max_new_tokens) if use else None
-        policy = make_policy(options.policy, self.costs)
+        policy = make_policy(seeded_policy(options), self.costs)
 
         t0 = time.perf_counter()
         encoder_calls = 0
