@@ -95,3 +95,22 @@ print("\n== real assisted decode, constant:3, 4 files:",
 buf = io.StringIO()
 pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
 print(buf.getvalue()[:6000])
+
+# where a whole transcription's time goes (audio decoding, features, encoder, decoding): speech-real, batch 1,
+# the default (adaptive) policy, after one warm pass
+from pipelines.asr import transcribe  # noqa: E402
+
+pair = load_registry().get("whisper-base+distilled")
+paths = [i["audio_path"] for i in read_manifest("speech-real")]
+whole = TranscribeOptions(device=dev, batch_size=1)
+list(transcribe(paths, pair, whole, runner))
+torch.cuda.synchronize()
+prof = cProfile.Profile()
+prof.enable()
+list(transcribe(paths, pair, whole, runner))
+torch.cuda.synchronize()
+prof.disable()
+buf = io.StringIO()
+pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(40)
+print("\n== transcribe speech-real, batch 1, by cumulative time")
+print(buf.getvalue()[:9000])

@@ -164,3 +164,21 @@ def test_ui_stops_with_its_streamlit_child_on_sigterm(tmp_path):
 def test_bench_asr_also_needs_an_assisted_pair_over_the_same_main_model(capsys):
     assert main(["bench", "asr", "--pair", "whisper-base+distilled", "--also", "whisper-tiny.en", "--limit", "1"]) == 2
     assert "--also whisper-tiny.en: not an assisted pair over embedded:whisper-base" in capsys.readouterr().err
+
+
+def test_bench_asr_goes_on_without_a_faster_whisper_that_cannot_run(monkeypatch, speech_real, tmp_path):
+    """faster-whisper installed but unable to run on the device (CTranslate2 without its CUDA libraries): the
+    reason is one line and the other systems' rows still come, on one file."""
+    from pipelines.quality import bench_asr
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA failed with error CUDA driver version is insufficient")
+
+    monkeypatch.setattr(bench_asr, "_fw_model", broken)
+    lines: list[str] = []
+    report = bench_asr.bench_asr("whisper-base+distilled", ("speech-real",), limit=1, batch_size=1,
+                                 json_path=str(tmp_path / "b.json"), log=lines.append)
+    assert any("faster-whisper cannot run on cpu here (RuntimeError: CUDA failed" in line for line in lines)
+    systems = [r["system"] for r in report["rows"]]
+    assert not any(s.startswith("faster-whisper") for s in systems)
+    assert {"transformers plain float32", "tandem plain float32", "tandem assisted bfloat16"} <= set(systems)

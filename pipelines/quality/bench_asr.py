@@ -148,6 +148,8 @@ def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synt
                 del fw
         except ImportError:
             log("faster-whisper is not installed (pip install 'tandem-pipelines[bench]'): its rows are left out")
+        except (RuntimeError, ValueError, OSError) as err:  # e.g. CTranslate2 without its CUDA libraries
+            log(f"faster-whisper cannot run on {device} here ({type(err).__name__}: {err}): its rows are left out")
         modes = [("sequential", batch_size, "")] + ([("chunked", chunk_batch, f" chunked {chunk_batch}")] if long_files else [])
         for long_form, batch, suffix in modes:
             for dtype in ("float32", "bfloat16"):
