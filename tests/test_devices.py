@@ -162,6 +162,14 @@ def test_step_costs_on_a_tiny_shape(monkeypatch):
     assert [(c.part, c.path) for c in costs] == [("main step", "eager"), ("verify pass (4 tokens)", "eager"),
                                                  ("draft step", "eager")]
     assert all(c.wall_ms > 0 and c.kernel_ms is None for c in costs)
+    # a draft in half precision (the default off a CPU) is timed beside the same draft in float32
+    from pipelines.engine.whisper import WhisperDraftDecoder
+
+    real_as_decoder = bench_shapes.as_decoder
+    monkeypatch.setattr(bench_shapes, "as_decoder", lambda model, assistant=False, int8=False: (
+        WhisperDraftDecoder(model, dtype=torch.bfloat16) if assistant else real_as_decoder(model)))
+    costs = bench_shapes.step_costs("tiny", dtype="bfloat16", device="cpu", repeats=2, log=lambda *_: None)
+    assert [c.part for c in costs][2:] == ["draft step", "draft step, float32"] and all(c.wall_ms > 0 for c in costs)
 
 
 def test_the_pass_shape_follows_the_machine_kind(monkeypatch):

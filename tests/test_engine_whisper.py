@@ -246,6 +246,32 @@ def test_static_draft_cache_drafts_as_the_ragged_one(setup):
     assert cache.graph is not None and cache.graph.graph is None  # eager: the step's buffers, nothing captured
 
 
+def test_a_draft_in_the_models_half_precision_off_the_cpu(setup):
+    """Off a CPU the lean assistant computes in its model's dtype (bfloat16 on CUDA), its static cache too;
+    run here through the CUDA path's buffers (``graphs = "eager"``) with that dtype forced: outputs equal
+    generate's (verification decides them), the drafts are still mostly accepted, and on a CPU the default
+    stays float32 (and int8 forces it)."""
+    from pipelines.engine.whisper import WhisperDecoder, WhisperDraftDecoder
+
+    decoder, enc, refs, rules, drafters = setup
+    name = "whisper-base-distilled" if _distilled_shipped() else "whisper-base-decoder-2l"
+    model = WhisperForCausalLM.from_pretrained(embedded_path(name), dtype=torch.bfloat16).eval()
+    assert WhisperDraftDecoder(model).dtype == torch.float32  # a CPU: float32 activations by default
+    lean = WhisperDraftDecoder(model, dtype=torch.bfloat16)
+    lean.graphs = "eager"
+    assert lean.head.weight.dtype == torch.bfloat16 and lean.layers[0]["qkv"].weight.dtype == torch.bfloat16
+    main = WhisperDecoder(decoder.model)
+    main.graphs = "eager"
+    engine = AssistedDecoder(main, model_drafter(lean, share_encoder=True, pad_id=EOT), pad_id=EOT)
+    options = DecodeOptions(max_new_tokens=MAX_NEW, policy=PolicyOptions("constant", 4))
+    for rows in ([0], [0, 1, 2, 3]):
+        result = engine.generate([PROMPT] * len(rows), rules, options, encoder_output=enc.select(torch.tensor(rows)))
+        assert [_strip_eot(list(t)) for t in result.tokens] == [refs[r] for r in rows], rows
+        assert result.stats.accepted > 0.4 * result.stats.drafted, result.stats
+    cache = next(iter(lean._graph_pool.free.values()))[0]
+    assert cache.cache.layers[0].keys.dtype == torch.bfloat16
+
+
 def test_encoder_runs_once_and_is_shared(setup):
     decoder, enc, refs, rules, drafters = setup
     from pipelines.audio import load_audio  # noqa: F401  (the features come from the fixture)

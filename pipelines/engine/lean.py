@@ -41,7 +41,8 @@ class LeanDecoder(Decoder):
             raise ValueError("a static draft cache needs a capacity")
         key = (batch, size)
         return self._graph_pool.lend(key, lambda: StaticDraftCache(len(self.layers), batch, size, self.kv_heads,
-                                                                   self.head_dim, self.device, self.reads_encoder))
+                                                                   self.head_dim, self.device, self.reads_encoder,
+                                                                   self.dtype))
 
     def forward_ids(self, ids: torch.Tensor, real: torch.Tensor, cache, enc: EncoderOutput | None):
         """Float32 logits (B, n, V') for the token ids (B, n) on the device and their real-token flags (B, n)
@@ -59,7 +60,7 @@ class LeanDecoder(Decoder):
 
 
 class Linear:
-    """y = x W^T + b, with W kept in float32 or, for an assistant, as int8 per output channel
+    """y = x W^T + b, with W kept in ``dtype`` (float32 by default) or, for an assistant, as int8 per output channel
     (W ~ s_o * Q_o, Q_o in [-127, 127], dynamic quantization of x per call, to 7 bits as torch's own dynamic
     ``Linear`` does (``reduce_range``): fbgemm's u8 x s8 kernels add pairs of products in int16, which saturates
     with 8-bit activations on processors without VNNI dot products, e.g. these AMD EPYCs: logits' cosine to
@@ -67,9 +68,11 @@ class Linear:
     draft-sized product on these CPUs, at ~1% relative error in the drafts' logits. Only drafts use it;
     verification never does."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, int8: bool) -> None:
-        weight = weight.detach().float().contiguous()
-        self.bias = None if bias is None else bias.detach().float().contiguous()
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, int8: bool,
+                 dtype: torch.dtype = torch.float32) -> None:
+        dtype = torch.float32 if int8 else dtype  # the int8 kernels take float32 inputs and biases
+        weight = weight.detach().to(dtype).contiguous()
+        self.bias = None if bias is None else bias.detach().to(dtype).contiguous()
         self.packed = None
         if int8:
             import warnings

@@ -190,7 +190,8 @@ class StepCost:
 def step_costs(shape: str = "whisper-base", dtype: str | None = None, device: str = "cpu", lookahead: int = 3,
                repeats: int = 30, log=print, width: int | None = None) -> list[StepCost]:
     """One row, a cache of 40 tokens, random weights at ``shape``: the wall time of a main-decoder step, a
-    verify pass over ``lookahead`` + 1 tokens and a 2-layer draft step, eager and (CUDA) on the graph fast
+    verify pass over ``lookahead`` + 1 tokens and a 2-layer draft step (on CUDA in half precision also one
+    in float32, the draft's dtype there before 2026-12-04), eager and (CUDA) on the graph fast
     path, beside each path's own kernel time on CUDA (``torch.profiler``'s device time; where the profiler
     does not trace the kernels inside a graph replay, the graphs' row reads 0). The two paths run on their own caches: eager the main decoder's
     fresh static cache and the drafter's ragged one, the fast path the pooled static caches (scratch-slot
@@ -200,6 +201,7 @@ def step_costs(shape: str = "whisper-base", dtype: str | None = None, device: st
     growing a token a call, as drafting does) after warm-up calls that also capture the graphs; the wall
     time is the mean, the device synchronised after the last call."""
     from ..devices import int8_allowed, resolve_dtype
+    from ..engine.whisper import WhisperDraftDecoder
     from ..models.loading import torch_dtype
 
     dtype = resolve_dtype(device, dtype, "float32")
@@ -219,21 +221,29 @@ def step_costs(shape: str = "whisper-base", dtype: str | None = None, device: st
             cache = main.new_cache(1, capacity=448)
             _, real = main.forward([prompt], cache, EncoderOutput(hidden, None), 0, need_from=[len(prompt) - 1])
             cache.commit(real, [len(prompt)])
-            draft_cache = draft.new_cache(1, capacity=448)
-            _, real = draft.forward([prompt], draft_cache, EncoderOutput(hidden.to(draft.dtype), None), 0)
-            draft_cache.commit(real, [len(prompt)])
+            drafts = {"draft step": draft}
+            if draft.dtype != torch.float32:  # beside it, the same draft step in float32 (before 2026-12-04)
+                drafts["draft step, float32"] = WhisperDraftDecoder(assistant, dtype=torch.float32)
+                drafts["draft step, float32"].graphs = draft.graphs
+            draft_caches = {}
+            for part, d in drafts.items():
+                draft_caches[part] = d.new_cache(1, capacity=448)
+                _, real = d.forward([prompt], draft_caches[part], EncoderOutput(hidden.to(d.dtype), None), 0)
+                draft_caches[part].commit(real, [len(prompt)])
         one = torch.tensor([[5]], device=device)
         yes = torch.ones(1, 1, dtype=torch.bool, device=device)
         calls = {
             "main step": lambda: main.forward([[5]], cache, None, 0),
             f"verify pass ({lookahead + 1} tokens)": lambda: main.forward([[5] * (lookahead + 1)], cache, None, 0),
-            "draft step": lambda: (draft.forward_ids(one, yes, draft_cache, None), draft_cache.commit(yes, [1])),
         }
+        for part, d in drafts.items():
+            calls[part] = lambda d=d, c=draft_caches[part]: (d.forward_ids(one, yes, c, None), c.commit(yes, [1]))
         for part, call in calls.items():
             wall, kernels = _time_call(call, repeats, cuda)
             out.append(StepCost(part, path, wall, kernels))
         cache.release()
-        draft_cache.release()
+        for c in draft_caches.values():
+            c.release()
     log(f"step costs at {shape}'s shapes, {dtype}, {device}, 1 row, a 40-token cache, main pass width "
         f"{width or 'the device default'} (ms a call):")
     log(f"{'part':28s} {'path':7s} {'wall ms':>8s} {'kernel ms':>9s}")
