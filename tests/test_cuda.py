@@ -112,7 +112,8 @@ def test_at_most_two_synchronisations_a_round(cuda_runner, speech_real):
 
 def test_graphs_replayed_with_ragged_rows_on_random_weights():
     """No weights needed: a random-weight Whisper base-shaped pair (bench_shapes' models) on CUDA, the main
-    decoder's passes and the assistant's one-token steps replayed from captured graphs, rows accepting
+    decoder's passes and the assistant's steps (one token, and a round's padded first feed) replayed from
+    captured graphs, rows accepting
     different numbers of drafts (an oracle of acceptance 0.6): assisted equals plain token for token, in
     bfloat16 and float32."""
     import random
@@ -140,6 +141,9 @@ def test_graphs_replayed_with_ragged_rows_on_random_weights():
         for decoder in (main, lean):
             pooled = [c for caches in decoder._graph_pool.free.values() for c in caches]
             assert pooled and all(c.graph is not None and c.graph.graph is not None for c in pooled), decoder
+        # the assistant's padded first feeds of a round replayed too (2, 4 or 8 columns)
+        assert all(c.feeds and all(g.graph is not None for g in c.feeds.values())
+                   for caches in lean._graph_pool.free.values() for c in caches)
 
 
 def test_a_rows_log_softmax_has_the_same_bits_at_every_place():

@@ -220,7 +220,8 @@ def test_static_draft_cache_drafts_as_the_ragged_one(setup):
     (``draft_cache.StaticDraftCache``: rollbacks step positions back, one-token steps through the step's
     buffers) beside the fixed-shape main decoder's static path. Outputs equal generate's, batch 1 and 4;
     the drafts equal the ragged cache's round by round on these clips (the same model, attention over
-    another length: equal to float32 rounding); each cache is lent again."""
+    another length, and a round's first feed padded to a graph's width: equal to float32 rounding); each
+    cache is lent again."""
     from pipelines.engine.whisper import WhisperDecoder
 
     decoder, enc, refs, rules, drafters = setup
@@ -244,6 +245,9 @@ def test_static_draft_cache_drafts_as_the_ragged_one(setup):
     assert sorted(k[0] for k in pooled) == [1, 4] and all(len(c) == 1 for c in pooled.values())
     cache = next(iter(pooled.values()))[0]
     assert cache.graph is not None and cache.graph.graph is None  # eager: the step's buffers, nothing captured
+    # a round's first feed (1 to 5 tokens a row at lookahead 4) padded to 2, 4 or 8 columns, each width's
+    # buffers kept with the cache (captured on CUDA)
+    assert cache.feeds and set(cache.feeds) <= {2, 4, 8} and all(g.graph is None for g in cache.feeds.values())
 
 
 def test_a_draft_in_the_models_half_precision_off_the_cpu(setup):

@@ -34,10 +34,11 @@ class EncoderOutput:
         return EncoderOutput(self.hidden.index_select(0, rows), None if self.mask is None else self.mask.index_select(0, rows))
 
 
-def chunk_tensors(chunks: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids (B, n) and real-token flags (B, n) of ``chunks`` (one list a row, padded to the longest
-    with ``pad_id``), built on the host and copied to ``device`` once."""
-    n = max(1, max(len(c) for c in chunks))
+def chunk_tensors(chunks: list[list[int]], pad_id: int, device: torch.device,
+                  width: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids (B, n) and real-token flags (B, n) of ``chunks`` (one list a row, padded with ``pad_id`` to
+    the longest, n at least ``width``), built on the host and copied to ``device`` once."""
+    n = max(width, max(len(c) for c in chunks))
     ids = from_host([c + [pad_id] * (n - len(c)) for c in chunks], torch.long, device)
     real = from_host([[j < len(c) for j in range(n)] for c in chunks], torch.bool, device)
     return ids, real

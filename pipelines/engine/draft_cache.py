@@ -18,7 +18,10 @@ to the scratch slot (index ``capacity``), and a query at position p attends slot
 Slots after a row's position hold rejected drafts or nothing; no query sees them before the row writes
 them again, so a rollback only steps ``next_pos`` back (no holes, no compaction). A one-token step is then a
 pure function of (ids (B, 1), real (B, 1)) over buffers whose addresses never change during a request:
-``step`` replays it from a ``graphs.PassGraph`` captured once per pooled cache. The drafts' numerics may
+``step`` replays it from a ``graphs.PassGraph`` captured once per pooled cache. So is a round's first feed
+(the tokens emitted since the drafter last ran, 1 to k + 1 a row): padded to the next of ``FEED_WIDTHS``
+(padding writes the scratch slot, the logits read are each row's last real column), it replays a graph of
+that width, captured once per pooled cache too; a longer feed runs eagerly. The drafts' numerics may
 differ in their last bits from the ragged cache's (attention over another length); drafts only propose,
 the main model's verification decides every output token.
 """
@@ -32,6 +35,14 @@ import torch
 from .cache import LeanCache, chunk_tensors
 from .graphs import GraphPool, PassGraph, Pooled
 from .rows import from_host
+
+FEED_WIDTHS = (1, 2, 4, 8)  # the chunk widths a static draft cache replays from graphs (a feed is padded up)
+
+
+def feed_width(n: int) -> int:
+    """The columns a chunk of at most ``n`` tokens a row takes on a static draft cache: the next of
+    ``FEED_WIDTHS``, or ``n`` itself past the last (run eagerly)."""
+    return next((w for w in FEED_WIDTHS if w >= n), n)
 
 
 class StaticDraftCache(Pooled):
@@ -51,6 +62,7 @@ class StaticDraftCache(Pooled):
         self._rows = torch.arange(batch, device=device)[:, None]
         self._slots: torch.Tensor | None = None  # the chunk being fed: the slot each column writes (plan -> write)
         self.graph: PassGraph | None = None  # the captured one-token step over these buffers
+        self.feeds: dict[int, PassGraph] = {}  # the captured wider chunks (a round's first feed), by width
         self.reads_encoder = reads_encoder  # a Whisper drafter's cross-attention keys and values live here too
 
     def lend(self, pool: GraphPool, key: tuple) -> StaticDraftCache:
@@ -68,7 +80,8 @@ class StaticDraftCache(Pooled):
         self.cache.cross = self.refill_cross(self.cache.cross, [(k.contiguous(), v.contiguous()) for k, v in pairs])
 
     def tensors_of(self, chunks: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return chunk_tensors(chunks, pad_id, self.device)
+        """Ids and real-token flags (B, w) of ``chunks``, w = ``feed_width`` of the longest (padding after)."""
+        return chunk_tensors(chunks, pad_id, self.device, feed_width(max(1, max(len(c) for c in chunks))))
 
     def plan(self, real: torch.Tensor, max_pos: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions (B, n) and the mask (B, 1, n, capacity + 1) for a chunk whose real tokens are ``real``
@@ -105,15 +118,20 @@ class StaticDraftCache(Pooled):
         self.cache.reorder_cache(rows)
         self.next_pos = self.next_pos.index_select(0, rows)
         self._rows = torch.arange(len(rows), device=self.device)[:, None]
-        self.graph, self._pool = None, None
+        self.graph, self.feeds, self._pool = None, {}, None
 
-    def step(self, run: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], capture: bool) -> PassGraph:
-        """The one-token step over these buffers, ``run(ids (B, 1), real (B, 1)) -> logits``, captured on
-        first use (``capture=False``: the same buffers, run eagerly). Its warm-up feeds padding only: it
-        writes the scratch slot alone and moves no position."""
-        if self.graph is None:
+    def step(self, run: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], capture: bool, width: int = 1) -> PassGraph:
+        """The step of ``width`` columns (one of ``FEED_WIDTHS``) over these buffers, ``run(ids (B, width),
+        real (B, width)) -> logits``, captured on first use (``capture=False``: the same buffers, run eagerly).
+        Its warm-up feeds padding only: it writes the scratch slot alone and moves no position."""
+        graph = self.graph if width == 1 else self.feeds.get(width)
+        if graph is None:
             batch = self.next_pos.shape[0]
-            inputs = (torch.zeros(batch, 1, dtype=torch.long, device=self.device),
-                      torch.zeros(batch, 1, dtype=torch.bool, device=self.device))
-            self.graph = PassGraph(run, inputs, self.device, capture=capture)
-        return self.graph
+            inputs = (torch.zeros(batch, width, dtype=torch.long, device=self.device),
+                      torch.zeros(batch, width, dtype=torch.bool, device=self.device))
+            graph = PassGraph(run, inputs, self.device, capture=capture)
+            if width == 1:
+                self.graph = graph
+            else:
+                self.feeds[width] = graph
+        return graph

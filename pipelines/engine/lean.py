@@ -8,7 +8,7 @@ import torch
 
 from .cache import EncoderOutput, LeanCache, RaggedCache
 from .decoders import Decoder
-from .draft_cache import StaticDraftCache
+from .draft_cache import FEED_WIDTHS, StaticDraftCache
 from .graphs import GraphPool, graphs_enabled
 
 
@@ -46,11 +46,12 @@ class LeanDecoder(Decoder):
 
     def forward_ids(self, ids: torch.Tensor, real: torch.Tensor, cache, enc: EncoderOutput | None):
         """Float32 logits (B, n, V') for the token ids (B, n) on the device and their real-token flags (B, n)
-        (``Decoder.forward_ids``). On a static cache a one-token step whose cross-attention is in place
-        replays the cache's captured step."""
-        if (isinstance(cache, StaticDraftCache) and ids.shape[1] == 1 and not cache.needs_cross()
+        (``Decoder.forward_ids``). On a static cache a chunk of one of ``FEED_WIDTHS`` columns (a draft step,
+        a round's padded first feed) whose cross-attention is in place replays the cache's captured step."""
+        if (isinstance(cache, StaticDraftCache) and ids.shape[1] in FEED_WIDTHS and not cache.needs_cross()
                 and (enc is None or enc.mask is None)):
-            step = cache.step(lambda i, r: self._step(i, r, cache, None)[0], capture=self.graphs == "capture")
+            step = cache.step(lambda i, r: self._step(i, r, cache, None)[0], capture=self.graphs == "capture",
+                              width=ids.shape[1])
             return step(ids, real), real
         return self._step(ids, real, cache, enc)
 
