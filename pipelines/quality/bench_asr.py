@@ -83,12 +83,14 @@ def _hf_transcribe(paths: list[str], runner, assistant) -> list[str]:
 
 def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synth", "speech-long"), limit: int = 60,
               batch_size: int = 8, json_path: str | None = None, log=print, chunk_batch: int = 8,
-              device: str = "cpu", also: tuple[str, ...] = ()) -> dict:
+              device: str = "cpu", also: tuple[str, ...] = (),
+              dtypes: tuple[str, ...] = ("float32", "bfloat16")) -> dict:
     """Every system on every set, one after the other in this process. On a set with files over 30 s, also
     the chunked long-form systems: faster-whisper's batched pipeline and Tandem's ``long_form="chunked"``,
     ``chunk_batch`` chunks at a time (their identical-output rate is against Tandem plain chunked). ``also``:
     pairs with the same main model and another assistant, whose Tandem assisted rows ("... [pair]") follow the
-    pair's (RegistryError when a main model differs)."""
+    pair's (RegistryError when a main model differs). ``dtypes``: the compute dtypes of the transformers and
+    Tandem rows (speed-ups are against transformers plain in the first)."""
     from ..asr import TranscribeOptions, WhisperRunner, transcribe
     from ..models.registry import RegistryError, load_registry
     from .metrics import wer
@@ -104,8 +106,8 @@ def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synt
     log(f"environment: {environment(device)}")
     log(f"pair: {pair.name} ({pair.main}, assistant {pair.assistant or 'none'}); Tandem batch {batch_size}")
     log(f"{'set':13s} {'system':60s} {'files':>5s} {'audio s':>8s} {'wall s':>7s} {'RTF':>6s} {'speedup':>8s} {'WER':>6s} {'identical':>9s} {'tok/call':>9s}")
-    runners = {d: WhisperRunner(pair, d, device) for d in ("float32", "bfloat16")}
-    other_runners = {(o.name, d): WhisperRunner(o, d, device) for o in others for d in ("float32", "bfloat16")}
+    runners = {d: WhisperRunner(pair, d, device) for d in dtypes}
+    other_runners = {(o.name, d): WhisperRunner(o, d, device) for o in others for d in dtypes}
     rows: list[AsrRow] = []
     for set_name in sets:
         build_set(set_name)
@@ -132,7 +134,7 @@ def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synt
             per_call[name] = sum(r.tokens for r in done) / calls if calls else None
             return [r.text for r in done]
 
-        for dtype in ("float32", "bfloat16"):
+        for dtype in dtypes:
             timed(f"transformers plain {dtype}", lambda ps, d=dtype: _hf_transcribe(ps, runners[d], None))
             if runners[dtype].loaded.assistant_model is not None:
                 timed(f"transformers assisted {dtype}",
@@ -152,7 +154,7 @@ def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synt
             log(f"faster-whisper cannot run on {device} here ({type(err).__name__}: {err}): its rows are left out")
         modes = [("sequential", batch_size, "")] + ([("chunked", chunk_batch, f" chunked {chunk_batch}")] if long_files else [])
         for long_form, batch, suffix in modes:
-            for dtype in ("float32", "bfloat16"):
+            for dtype in dtypes:
                 for assisted in (False, True):
                     if assisted and not pair.uses_assistant and not others:
                         continue
@@ -164,7 +166,7 @@ def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synt
                     for other in others if assisted else ():
                         name = f"tandem assisted {dtype}{suffix} [{other.name}]"
                         timed(name, lambda ps, n=name, o=opts, d=dtype, p=other: tandem(n, o, other_runners[p.name, d], p, ps))
-        base_wall = results["transformers plain float32"][1]
+        base_wall = results[f"transformers plain {dtypes[0]}"][1]
         for name, (texts, wall) in results.items():
             ident = None
             if name.startswith("tandem"):
