@@ -91,7 +91,9 @@ def decide(runner, enc, prompts: list[list[int]], timestamps: bool, options, see
     """Decode encoded windows (``enc``, rows = windows) with the safeguards: greedily first, then the rows
     that need it at each next temperature (speculative sampling, seeded per window: ``seeds``). Returns a
     ``WindowVerdict`` per window, and every engine call as (rows it decoded, DecodeResult) for accounting."""
-    from ..engine import EncoderOutput
+    import torch
+
+    from ..engine.rows import from_host
 
     eot = runner.model.generation_config.eos_token_id
     n = len(prompts)
@@ -104,12 +106,13 @@ def decide(runner, enc, prompts: list[list[int]], timestamps: bool, options, see
         retry = []
         # greedy: the windows together; sampled: each window alone with its own seed, so that its draws depend
         # on its audio only, not on which windows share its batch (one generator serves a whole call)
+        want_no_speech = i == 0 and options.no_speech_threshold is not None
         for rows in [todo] if temperature == 0 else [[r] for r in todo]:
-            sub = enc if len(rows) == n else EncoderOutput(enc.hidden[rows], None)
+            sub = enc if len(rows) == n else enc.select(from_host(rows, torch.long, enc.hidden.device))
             result = runner.decode_encoded(sub, [prompts[r] for r in rows], timestamps, options, temperature,
                                            seed=None if temperature == 0 else seeds[rows[0]] + i,
-                                           no_speech=i == 0 and options.no_speech_threshold is not None)
-            if i == 0 and options.no_speech_threshold is not None:
+                                           no_speech=want_no_speech)
+            if want_no_speech:
                 for r, p in zip(rows, runner.no_speech_probs(result)):
                     no_speech[r] = p
             calls.append((rows, result))
