@@ -174,7 +174,7 @@ def test_step_costs_on_a_tiny_shape(monkeypatch):
 
 def test_the_pass_shape_follows_the_machine_kind(monkeypatch):
     """The main decoder's pass shape comes from a table keyed by CPU vendor and dtype (never from a timing
-    probe, which could change the bits from one run to the next); CUDA and unknown CPUs take width 4."""
+    probe, which could change the bits from one run to the next); unknown CPUs take width 4, CUDA width 8."""
     from pipelines.devices import cpu_info
     from pipelines.engine import whisper
 
@@ -188,7 +188,7 @@ def test_the_pass_shape_follows_the_machine_kind(monkeypatch):
     assert whisper.step_shape(torch.float32) == whisper.StepShape(4, True)
     assert whisper.step_shape(torch.bfloat16) == whisper.StepShape(4, False)
     monkeypatch.setattr(whisper, "cpu_info", lambda: ("", "unknown"))
-    assert whisper.step_shape(torch.float32, "cuda:0").width == 4
+    assert whisper.step_shape(torch.float32, "cuda:0").width == 8
 
 
 def test_half_precision_is_native_only_where_the_cpu_lists_its_units(monkeypatch):

@@ -95,7 +95,12 @@ class WhisperRunner:
         return rules
 
     def feats(self, windows: list[np.ndarray]):
-        x = self.features(windows, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
+        """Whisper's log-mel features of ``windows`` (each at most 30 s at 16 kHz, padded to it): (windows, 80
+        or 128 mels, 3000 frames) on the model's device in its dtype. On a GPU the feature extractor's own
+        torch path computes them there (its ``device``): on an H200's host (16 cores) the CPU's short-time
+        Fourier transform took 0.3 s of a 1.0 s transcription of speech-real's 12 files (cProfile)."""
+        x = self.features(windows, sampling_rate=SAMPLE_RATE, return_tensors="pt",
+                          device=self.device).input_features
         return x.to(device=self.device, dtype=self.model.dtype)
 
     @cached_property

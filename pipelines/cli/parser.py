@@ -189,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--lookahead", default="3", help="drafts per round, constant; comma-separated: one assisted row "
                    "per lookahead and acceptance; --step-costs: the verify pass's drafts, the first (default: %(default)s)")
     b.add_argument("--width", type=int, help="the main decoder's pass width, plain and assisted alike (default: the "
-                   "device's: 4 on CUDA, by CPU and dtype on a CPU)")
+                   "device's: 8 on CUDA, by CPU and dtype on a CPU)")
     b.add_argument("--assistant-layers", type=int, default=2, help="decoder layers of the assistant (default: %(default)s)")
     b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="(default: float32 on a CPU, bfloat16 on CUDA)")

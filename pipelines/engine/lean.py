@@ -5,11 +5,20 @@ optional int8 weights. Drafts only: the main model's verification never runs the
 from __future__ import annotations
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .cache import EncoderOutput, LeanCache, RaggedCache
 from .decoders import Decoder
 from .draft_cache import FEED_WIDTHS, StaticDraftCache
 from .graphs import GraphPool, graphs_enabled
+
+# The attention kernels a draft step may take on CUDA: not cuDNN's, torch's first choice in half precision on
+# recent GPUs, which builds an execution plan for every new shape. A draft's eager steps meet a new key length
+# at every call (a ragged cache, a prompt, a round's first feed): on an H200 (torch 2.11, bfloat16, Whisper
+# base's shapes) an eager draft step over a cache growing a token a call took 76.8 ms, against 1.6 ms in
+# float32 (which cuDNN's attention does not take) and 0.16 ms of kernels; in a real transcription two such
+# steps took 0.27 s. Flash and memory-efficient attention need no plan.
+ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class LeanDecoder(Decoder):
@@ -50,10 +59,17 @@ class LeanDecoder(Decoder):
         a round's padded first feed) whose cross-attention is in place replays the cache's captured step."""
         if (isinstance(cache, StaticDraftCache) and ids.shape[1] in FEED_WIDTHS and not cache.needs_cross()
                 and (enc is None or enc.mask is None)):
-            step = cache.step(lambda i, r: self._step(i, r, cache, None)[0], capture=self.graphs == "capture",
+            step = cache.step(lambda i, r: self._run_step(i, r, cache, None)[0], capture=self.graphs == "capture",
                               width=ids.shape[1])
             return step(ids, real), real
-        return self._step(ids, real, cache, enc)
+        return self._run_step(ids, real, cache, enc)
+
+    def _run_step(self, ids: torch.Tensor, real: torch.Tensor, cache, enc: EncoderOutput | None):
+        """``_step``, on CUDA with torch's attention kernels other than cuDNN's (``ATTENTION_BACKENDS``)."""
+        if self.device.type != "cuda":
+            return self._step(ids, real, cache, enc)
+        with sdpa_kernel(ATTENTION_BACKENDS):
+            return self._step(ids, real, cache, enc)
 
     def _step(self, ids: torch.Tensor, real: torch.Tensor, cache, enc: EncoderOutput | None):  # pragma: no cover - abstract
         """The layers and head over one chunk: (logits (B, n, V') float32, real)."""

@@ -119,12 +119,15 @@ def rules_from_generation_config(gen, prompt_len: int, max_new_tokens: int) -> R
 
 def _forbid(logits: torch.Tensor, where: torch.Tensor, columns: list[int]) -> None:
     """logits[b, j, columns] = -inf at the (b, j) where ``where`` (a host mask) holds: integer indices, so the
-    device needs no synchronisation to size the selection."""
+    device needs no synchronisation to size the selection. The columns are filled with ``index_fill_``: a
+    Python number assigned through a tensor index (``t[..., idx] = -inf``) is first copied to the device as a
+    tensor, a blocking copy that waits for the stream (on an H200, torch 2.11: one synchronisation per rules
+    call, 35 of a greedy round's 50)."""
     rows, cols = torch.nonzero(where, as_tuple=True)
     if len(rows) and columns:
         index = (to_device(rows, logits.device), to_device(cols, logits.device))
         sub = logits[index]
-        sub[:, from_host(columns, torch.long, logits.device)] = NEG_INF
+        sub.index_fill_(1, from_host(columns, torch.long, logits.device), NEG_INF)
         logits[index] = sub
 
 
@@ -198,8 +201,8 @@ def apply_rules(rules: Rules, logits: torch.Tensor, gen_lens: torch.Tensor, max_
     ``prefixes[b][j]`` is the whole decoder sequence before position j (needed by processors and timestamp
     rules). ``vocab``: the sorted ids of the logits' columns when they cover a reduced vocabulary."""
     lens = gen_lens.cpu()  # the callers build it on the host: decisions below read it without a device round trip
-    if rules.suppress:
-        logits[..., from_host(_columns(vocab, rules.suppress), torch.long, logits.device)] = NEG_INF
+    if rules.suppress:  # index_fill_, not an indexed assignment: see _forbid
+        logits.index_fill_(-1, from_host(_columns(vocab, rules.suppress), torch.long, logits.device), NEG_INF)
     if rules.begin_suppress:
         _forbid(logits, lens == 0, _columns(vocab, rules.begin_suppress))
     if rules.min_new_tokens and rules.eos:

@@ -196,7 +196,7 @@ def step_costs(shape: str = "whisper-base", dtype: str | None = None, device: st
     does not trace the kernels inside a graph replay, the graphs' row reads 0). The two paths run on their own caches: eager the main decoder's
     fresh static cache and the drafter's ragged one, the fast path the pooled static caches (scratch-slot
     writes, draft attention over every slot), so their kernels differ a little. On the fixed-shape path a
-    main step and a verify pass of at most the width (4 on CUDA) are the same pass. Each call is repeated
+    main step and a verify pass of at most the width (8 on CUDA) are the same pass. Each call is repeated
     ``repeats`` times (main calls at the same position, nothing committed; draft steps committed, the cache
     growing a token a call, as drafting does) after warm-up calls that also capture the graphs; the wall
     time is the mean, the device synchronised after the last call."""
