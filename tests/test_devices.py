@@ -252,3 +252,46 @@ def test_aligned_rows_pads_only_on_cuda():
 
     x = torch.randn(2, 3, 51865)
     assert aligned_rows(x) is x
+
+
+def test_rules_copy_no_python_number_to_the_device():
+    """The rules forbid columns with ``index_fill_``: an indexed assignment of a Python number
+    (``logits[..., idx] = -inf``) makes torch copy the number to the logits' device as a tensor first, a
+    blocking copy that waits for the stream on CUDA (an H200 run counted it once per rules call, 35 of a
+    greedy round's 50 synchronisations). Checked on the CPU through the operations torch dispatches: no
+    ``index_put_`` of a 0-dim value, over the full vocabulary and a reduced one, and the same columns forbidden."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from pipelines.engine.rules import Rules, apply_rules
+
+    puts = (torch.ops.aten.index_put_, torch.ops.aten.index_put, torch.ops.aten._index_put_impl_)
+
+    class ScalarPuts(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func.overloadpacket in puts:
+                values = args[2] if len(args) > 2 else kwargs["values"]
+                if values.dim() == 0:
+                    self.seen.append(str(func))
+            return func(*args, **kwargs)
+
+    rules = Rules(eos=(2,), suppress=(5, 7), begin_suppress=(3,), min_new_tokens=2)
+    lens = torch.tensor([[0, 1], [1, 2], [2, 3]])  # (rows, positions): new tokens before each position
+    vocab = [1, 2, 3, 5, 8]  # a reduced head's sorted ids: columns 0-4
+    full, sub = torch.zeros(3, 2, 10), torch.zeros(3, 2, len(vocab))
+    with ScalarPuts() as mode:
+        apply_rules(rules, full, lens, 16)
+        apply_rules(rules, sub, lens, 16, vocab=vocab)
+    assert mode.seen == []
+    for logits, col in ((full, lambda t: t), (sub, vocab.index)):
+        forbidden = torch.zeros(logits.shape, dtype=torch.bool)
+        forbidden[..., col(5)] = True  # suppressed everywhere (7 is not in the reduced vocabulary)
+        if logits is full:
+            forbidden[..., 7] = True
+        forbidden[0, 0, col(3)] = True  # begin-suppressed where no token is new yet
+        forbidden[lens < 2, col(2)] = True  # no end of sequence before two new tokens
+        assert torch.equal(logits.isinf(), forbidden)
