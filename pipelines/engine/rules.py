@@ -122,7 +122,7 @@ def _forbid(logits: torch.Tensor, where: torch.Tensor, columns: list[int]) -> No
     device needs no synchronisation to size the selection. The columns are filled with ``index_fill_``: a
     Python number assigned through a tensor index (``t[..., idx] = -inf``) is first copied to the device as a
     tensor, a blocking copy that waits for the stream (on an H200, torch 2.11: one synchronisation per rules
-    call, 35 of a greedy round's 50)."""
+    call, 35 of the 50 of a greedy decode of 4 rows in 7 rounds)."""
     rows, cols = torch.nonzero(where, as_tuple=True)
     if len(rows) and columns:
         index = (to_device(rows, logits.device), to_device(cols, logits.device))
