@@ -219,6 +219,8 @@ class ModelDrafter(Drafter):
         ids, real = self.cache.tensors_of([self.pending[b] if room[b] else [] for b in range(rows)], self.pad_id)
         counts = [len(self.pending[b]) if room[b] else 0 for b in range(rows)]
         alive = from_host([r > 0 for r in room], torch.bool, device)
+        # room_ends[j, b]: row b has taken its last allowed draft at step j (one copy for the round)
+        room_ends = from_host([[j + 1 >= r for r in room] for j in range(max(room, default=0))], torch.bool, device)
         probe = StillRunning(device)
         chosen, drafting = [], []
         for j in range(max(room, default=0)):
@@ -226,8 +228,10 @@ class ModelDrafter(Drafter):
                 break
             logits, _ = self.decoder.forward_ids(ids, real, self.cache, self.enc)
             self.cache.commit(real, counts)
-            last = real.sum(dim=1).clamp(min=1) - 1
-            nxt = logits[torch.arange(rows, device=device), last][:, None, :]  # (B, 1, V'): next-token logits
+            nxt = logits  # (B, 1, V'): next-token logits; a one-token step's own (a graph's output: read below)
+            if ids.shape[1] > 1:  # a row's last real token, 0 for a row fed nothing (its logits are unused)
+                last = real.sum(dim=1).clamp(min=1) - 1
+                nxt = logits[torch.arange(rows, device=device), last][:, None, :]
             lens = torch.tensor([[gen_lens[b] + j if j < room[b] else PAD_GEN_LEN] for b in range(rows)],
                                 device="cpu")  # the rules read it on the host
             apply_rules(self.rules, nxt, lens, self.max_new, None, self.decoder.vocab_ids)
@@ -236,8 +240,7 @@ class ModelDrafter(Drafter):
             chosen.append(tok)
             drafting.append(alive)  # rows whose token at step j is a draft
             # a row stops after its last allowed draft, an end of sequence or (confidence) an unlikely token
-            stop = from_host([j + 1 >= r for r in room], torch.bool, device)
-            stop = stop | (tok[:, None] == eos[None, :]).any(dim=1)
+            stop = room_ends[j] | (tok[:, None] == eos[None, :]).any(dim=1)
             if stop_below is not None:  # compared in float64, as the host loop compares its Python float
                 stop = stop | (torch.softmax(nxt[:, 0], dim=-1).gather(-1, col[:, None])[:, 0].double() < stop_below)
             alive = alive & ~stop
