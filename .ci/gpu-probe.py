@@ -1,11 +1,13 @@
 """A diagnosis for .ci/gpu-check (issue 14): where a main step's and a draft step's kernel time goes, with the
 real Whisper base and the shipped assistant, eager and on the graph path (kernels a call, the ten longest);
 and where a real assisted decode of four speech-real files (constant lookahead 3) spends its host time
-(cProfile). On a machine without CUDA it runs the eager part on the CPU (aten ops for kernels): a dry run."""
+(cProfile), and unprofiled, speech-real decoded plain and at several lookaheads (ms a token and a round).
+On a machine without CUDA it runs the eager part on the CPU (aten ops for kernels): a dry run."""
 import cProfile
 import io
 import pstats
 import sys
+import time
 
 import numpy as np
 import torch
@@ -16,6 +18,7 @@ from pipelines.asr import TranscribeOptions, WhisperRunner  # noqa: E402
 from pipelines.audio import load_audio  # noqa: E402
 from pipelines.devices import resolve_device  # noqa: E402
 from pipelines.engine import PolicyOptions, as_decoder  # noqa: E402
+from pipelines.engine.policies import parse_policy  # noqa: E402
 from pipelines.engine.decoders import EncoderOutput  # noqa: E402
 from pipelines.models.registry import load_registry  # noqa: E402
 from pipelines.quality.sets import read_manifest  # noqa: E402
@@ -74,6 +77,26 @@ for path in ("graphs", "eager") if cuda else ("eager",):
                 print(f"  {t(e) / n:8.1f} us  x{e.count / n:4.1f}  {e.key[:110]}")
         cache.release()
         dcache.release()
+
+# unprofiled: speech-real's files decoded one at a time (encoder outputs computed before), plain and assisted at
+# a few lookaheads: wall ms a token and a round, beside the kernel times above (the host's share of a round)
+every = read_manifest("speech-real")[: 4 if not cuda else None]
+prompt_ids = runner.prompt("en", "transcribe", False)
+encoded = [runner.encode_windows([load_audio(i["audio_path"]).astype(np.float32)])[0] for i in every]
+print(f"\n== real decode of {len(encoded)} speech-real files, one at a time, no profiler")
+for label, opts in [("plain", TranscribeOptions(device=dev, use_assistant=False))] + [
+        (p, TranscribeOptions(device=dev, policy=parse_policy(p)))
+        for p in ("constant:1", "constant:2", "constant:3", "constant:5", "constant:7", "adaptive")]:
+    for e in encoded:  # warm: graphs captured, caches pooled
+        runner.decode_encoded(e, [prompt_ids], False, opts)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    done = [runner.decode_encoded(e, [prompt_ids], False, opts).stats for e in encoded]
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    tokens, rounds, calls = (sum(getattr(s, k) for s in done) for k in ("new_tokens", "rounds", "main_calls"))
+    print(f"  {label:11s} {1000 * wall:8.1f} ms, {tokens} tokens, {rounds} rounds: {1000 * wall / tokens:.3f} ms a token, "
+          f"{1000 * wall / rounds:.3f} ms a round, {tokens / calls:.2f} tokens a main call")
 
 # host time of a real assisted decode: 4 speech-real files, one at a time, constant lookahead 3
 items = read_manifest("speech-real")[:4]
