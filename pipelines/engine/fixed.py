@@ -137,7 +137,9 @@ class FixedShapeDecoder(Decoder):
                 need_from: list[int] | None = None):
         """Logits (B, n, V) float32 on the model's device for ``chunks`` (one list of new tokens per row, n the
         longest), and the real-token flags (B, n). ``need_from[b]``: the first chunk token whose logits the caller reads;
-        tokens before it go through the prompt pass, without the head. Columns not computed are 0."""
+        tokens before it go through the prompt pass, without the head. A row's columns past its chunk and before
+        its ``need_from`` hold no logits of its tokens (zeros; or, where one pass covers every row's chunk from
+        column 0, that pass's output for the padding, returned as it is: read it before the next call)."""
         batch, n = len(chunks), max(1, max(len(c) for c in chunks))
         device = self.head_weight.device
         real = from_host([[j < len(c) for j in range(n)] for c in chunks], torch.bool, device)
@@ -145,7 +147,7 @@ class FixedShapeDecoder(Decoder):
         self._begin(cache, enc)
         if max(need):  # the prompt pass: tokens 0 .. need[b] - 1 of every row, width max(need)
             self._layers(*self._tile(chunks, [0] * batch, need, max(need), cache.next_pos, pad_id), cache)
-        logits = torch.zeros(batch, n, self.head_weight.shape[0], device=device)
+        logits = None
         width = cache.width
         passes = max(-(-(len(c) - m) // width) for c, m in zip(chunks, need))
         for i in range(passes):  # pass i: tokens need + i W ... need + (i + 1) W - 1 of every row
@@ -157,7 +159,15 @@ class FixedShapeDecoder(Decoder):
             else:  # static writes: every column writes a slot (padding the scratch one); replayed with graphs
                 out = self._graph_of(cache, batch)(ids, positions, self._static_slots(positions, where, cache.scratch))
             out = out.view(batch, width, -1)
+            if passes == 1 and not max(need):
+                # one pass from column 0 (a plain step, a verify pass of up to width - 1 drafts): a token's column
+                # is its chunk index, so the pass's output is the logits, without a copy
+                return out[:, :n], real
+            if logits is None:
+                logits = torch.zeros(batch, n, self.head_weight.shape[0], device=device)
             scatter_rows(logits, out, where)  # each real token's logits to its chunk index
+        if logits is None:
+            logits = torch.zeros(batch, n, self.head_weight.shape[0], device=device)
         return logits, real
 
     def _tile(self, chunks: list[list[int]], first: list[int], count: list[int], width: int, next_pos: list[int],
