@@ -17,7 +17,7 @@ from pipelines.engine import (
     model_drafter,
     rules_from_generation_config,
 )
-from pipelines.engine.whisper import STEP_SHAPES
+from pipelines.engine.whisper import CUDA_SHAPE, STEP_SHAPES
 from pipelines.models.embedded import embedded_path
 
 PROMPT = [50258, 50259, 50359, 50363]  # <|startoftranscript|><|en|><|transcribe|><|notimestamps|>
@@ -494,7 +494,7 @@ def test_one_row_alone_and_in_a_batch_are_each_exact(exact_decoder, windows):
 
 def _table_shapes() -> list[tuple[int, bool]]:
     """Every (width, head form) the table can give, on any machine kind and at any batch size."""
-    shapes = {(4, False)} | {(s.width, s.head_transposed) for s in STEP_SHAPES.values()}
+    shapes = {(4, False), (CUDA_SHAPE.width, CUDA_SHAPE.head_transposed)} | {(s.width, s.head_transposed) for s in STEP_SHAPES.values()}
     return sorted(shapes | {(s.batch_width, s.head_transposed) for s in STEP_SHAPES.values() if s.batch_width})
 
 

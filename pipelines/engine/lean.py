@@ -17,7 +17,9 @@ from .graphs import GraphPool, graphs_enabled
 # at every call (a ragged cache, a prompt, a round's first feed): on an H200 (torch 2.11, bfloat16, Whisper
 # base's shapes) an eager draft step over a cache growing a token a call took 76.8 ms, against 1.6 ms in
 # float32 (which cuDNN's attention does not take) and 0.16 ms of kernels; in a real transcription two such
-# steps took 0.27 s. Flash and memory-efficient attention need no plan.
+# steps took 0.27 s. Flash and memory-efficient attention need no plan. (``sdpa_kernel`` sets torch's
+# process-wide switches for the step's duration: a main pass run at the same time from another thread would
+# see them too; the engine decodes a request's rounds in one thread.)
 ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 

@@ -67,10 +67,16 @@ STEP_SHAPES = {
 }
 
 
+CUDA_SHAPE = StepShape(8, False)  # every dtype and batch size (above)
+
+
 def step_shape(dtype: torch.dtype, device: torch.device | str = "cpu") -> StepShape:
     """The main decoder's pass shape for ``dtype`` on ``device`` on this machine (see ``STEP_SHAPES``)."""
-    if torch.device(device).type != "cpu":
-        return StepShape(8, False)
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return CUDA_SHAPE
+    if kind != "cpu":  # not measured: as an unknown CPU
+        return StepShape(4, False)
     return STEP_SHAPES.get((cpu_info()[0], dtype), StepShape(4, dtype == torch.float32))
 
 
