@@ -212,15 +212,15 @@ class ModelDrafter(Drafter):
         loop's (``draft``): the same logits, rules and argmax; only when they are read differs."""
         rows, device = len(ks), self.decoder.device
         room = [max(0, min(k, self.max_new - g)) for k, g in zip(ks, gen_lens)]  # drafts row b may take
-        eos = from_host(self.rules.eos or (-1,), torch.long, device)
+        eos = self.rules.eos[0] if len(self.rules.eos) == 1 else from_host(self.rules.eos or (-1,), torch.long, device)
         vocab = None
         if self.decoder.vocab_ids is not None:
             vocab = self._vocab_on_device()
         ids, real = self.cache.tensors_of([self.pending[b] if room[b] else [] for b in range(rows)], self.pad_id)
         counts = [len(self.pending[b]) if room[b] else 0 for b in range(rows)]
         alive = from_host([r > 0 for r in room], torch.bool, device)
-        # room_ends[j, b]: row b has taken its last allowed draft at step j (one copy for the round)
-        room_ends = from_host([[j + 1 >= r for r in room] for j in range(max(room, default=0))], torch.bool, device)
+        # room_left[j, b]: row b may draft after step j (one copy for the round)
+        room_left = from_host([[j + 1 < r for r in room] for j in range(max(room, default=0))], torch.bool, device)
         probe = StillRunning(device)
         chosen, drafting = [], []
         for j in range(max(room, default=0)):
@@ -240,10 +240,10 @@ class ModelDrafter(Drafter):
             chosen.append(tok)
             drafting.append(alive)  # rows whose token at step j is a draft
             # a row stops after its last allowed draft, an end of sequence or (confidence) an unlikely token
-            stop = room_ends[j] | (tok[:, None] == eos[None, :]).any(dim=1)
+            going = room_left[j] & (tok != eos if isinstance(eos, int) else ~torch.isin(tok, eos))
             if stop_below is not None:  # compared in float64, as the host loop compares its Python float
-                stop = stop | (torch.softmax(nxt[:, 0], dim=-1).gather(-1, col[:, None])[:, 0].double() < stop_below)
-            alive = alive & ~stop
+                going = going & ~(torch.softmax(nxt[:, 0], dim=-1).gather(-1, col[:, None])[:, 0].double() < stop_below)
+            alive = alive & going
             probe.post(alive)
             ids, real = tok[:, None], alive[:, None]  # the next step feeds each row its own token
             counts = [0] * rows  # fed on the device: counted below, once read
