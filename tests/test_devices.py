@@ -295,3 +295,28 @@ def test_rules_copy_no_python_number_to_the_device():
         forbidden[0, 0, col(3)] = True  # begin-suppressed where no token is new yet
         forbidden[lens < 2, col(2)] = True  # no end of sequence before two new tokens
         assert torch.equal(logits.isinf(), forbidden)
+
+
+def test_from_suppress_only_from_on_the_rules_are_the_suppression_alone():
+    """``rules.suppress_only_from``: the generated length from which ``apply_rules`` fills the suppressed
+    columns and nothing else (what the draft loop's fused graphs apply): the first token's rules and a
+    minimum length move it, rules that read prefixes or max_new_tokens have none. Checked against
+    ``apply_rules`` itself at every length below 8, full and reduced vocabulary."""
+    from pipelines.engine.rules import Rules, apply_rules, suppress_only_from
+
+    cases = [Rules(), Rules(eos=(2,), suppress=(5, 7)), Rules(eos=(2,), suppress=(5,), begin_suppress=(3,)),
+             Rules(eos=(2,), begin_suppress=(3,), min_new_tokens=4), Rules(eos=(), min_new_tokens=4),
+             Rules(eos=(2,), forced_first=8)]
+    assert [suppress_only_from(r) for r in cases] == [0, 0, 1, 4, 0, 1]
+    assert suppress_only_from(Rules(eos=(2,), forced_last=2)) is None
+    for rules in cases:
+        for vocab in (None, [1, 2, 3, 5, 8]):
+            width = 10 if vocab is None else len(vocab)
+            for g in range(8):
+                logits = torch.randn(1, 1, width, generator=torch.Generator().manual_seed(g))
+                expected = logits.clone()
+                apply_rules(rules, logits, torch.tensor([[g]]), 16, vocab=vocab)
+                if rules.suppress:
+                    cols = [c for c, t in enumerate(vocab or range(width)) if t in rules.suppress]
+                    expected[..., cols] = float("-inf")
+                assert torch.equal(logits, expected) == (g >= suppress_only_from(rules)), (rules, vocab, g)

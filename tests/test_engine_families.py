@@ -1,6 +1,8 @@
 """Exactness on small random models of every family: assisted output == the model's own greedy generate,
 for batch 1 and ragged batches, every drafter kind and policy, short and long outputs, immediate stops."""
 
+import dataclasses
+
 import pytest
 import torch
 from toy_models import CAUSAL, ENC_DEC, make_causal, make_enc_dec, sources
@@ -338,3 +340,23 @@ def test_static_draft_cache_computes_the_ragged_caches_logits():
     drafted, accepted = (sum(x) for x in zip(*stats["ragged"]))
     assert 0 < accepted < drafted  # drafts kept and rejected: rollbacks ran
     assert stats["static"] == stats["ragged"]  # the same drafts, round by round
+    # rules that read the generated length (no end of sequence before 12 tokens, a token kept from the
+    # first): the draft loop applies them from host lengths while they can bite, then replays its fused
+    # steps (draft_loop.py); outputs equal plain decoding's, the drafts the ragged cache's and the host
+    # loop's (``ModelDrafter.draft``, which applies every rule at every step)
+    strict = dataclasses.replace(rules, min_new_tokens=12, begin_suppress=tuple(refs[0][:1]))
+    options = DecodeOptions(max_new_tokens=max_new, policy=PolicyOptions("constant", 3))
+    plain = AssistedDecoder(as_decoder(main), None, pad_id=pad).generate(prompts, strict, options)
+    drafts = {}
+    for name in ("host", "ragged", "static"):
+        helper = CausalDraftDecoder(near, int8=False)
+        helper.graphs = "eager" if name == "static" else None
+        helper.device_steps = name != "host"
+        engine = AssistedDecoder(as_decoder(main), model_drafter(helper, share_encoder=False, pad_id=pad), pad_id=pad)
+        r = engine.generate(prompts, strict, options)
+        assert [list(t) for t in r.tokens] == [list(t) for t in plain.tokens], name
+        drafts[name] = (r.stats.drafted, r.stats.accepted, r.stats.rounds)
+        if name == "static":
+            cache = next(iter(helper._graph_pool.free.values()))[0]
+            assert ("step", 1) in {k[:2] for k in cache.fused}  # past the 12th token, fused steps
+    assert drafts["static"] == drafts["ragged"] == drafts["host"], drafts

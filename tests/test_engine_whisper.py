@@ -217,8 +217,8 @@ def test_static_writes_and_pooled_caches_keep_outputs_exact(setup):
 
 def test_static_draft_cache_drafts_as_the_ragged_one(setup):
     """The drafters' CUDA-graph path run eagerly on the CPU: the lean assistant over a pooled static cache
-    (``draft_cache.StaticDraftCache``: rollbacks step positions back, one-token steps through the step's
-    buffers) beside the fixed-shape main decoder's static path. Outputs equal generate's, batch 1 and 4;
+    (``draft_cache.StaticDraftCache``: rollbacks step positions back, steps and the draft loop's epilogue
+    through the fused graphs' buffers) beside the fixed-shape main decoder's static path. Outputs equal generate's, batch 1 and 4;
     the drafts equal the ragged cache's round by round on these clips (the same model, attention over
     another length, and a round's first feed padded to a graph's width: equal to float32 rounding); each
     cache is lent again."""
@@ -243,11 +243,13 @@ def test_static_draft_cache_drafts_as_the_ragged_one(setup):
     assert all(0 < a < d for d, a, _ in stats["static"])
     pooled = lean._graph_pool.free
     assert sorted(k[0] for k in pooled) == [1, 4] and all(len(c) == 1 for c in pooled.values())
-    cache = next(iter(pooled.values()))[0]
-    assert cache.graph is not None and cache.graph.graph is None  # eager: the step's buffers, nothing captured
-    # a round's first feed (1 to 5 tokens a row at lookahead 4) padded to 2, 4 or 8 columns, each width's
-    # buffers kept with the cache (captured on CUDA)
-    assert cache.feeds and set(cache.feeds) <= {2, 4, 8} and all(g.graph is None for g in cache.feeds.values())
+    # the draft loop's steps with their epilogue (draft_loop.py): a one-token step reading the loop's own
+    # buffers, and a round's first feed (1 to 5 tokens a row at lookahead 4) padded to 1, 2, 4 or 8 columns;
+    # each kept with the cache (captured on CUDA); nothing captured here
+    fused = [k[:2] for c in pooled.values() for k in c[0].fused]
+    assert ("step", 1) in fused and {w for kind, w in fused if kind == "feed"} >= {1, 2}, fused
+    assert all(g.graph is None for c in pooled.values() for g in c[0].fused.values())
+    assert all(w in (1, 2, 4, 8) for _, w in fused)
 
 
 def test_a_draft_in_the_models_half_precision_off_the_cpu(setup):

@@ -74,6 +74,11 @@ class Decoder:
         logits = self._forward(ids, positions, additive_mask(allowed, self.dtype), cache.cache, enc)
         return logits.float(), real
 
+    def fuses(self, ids: torch.Tensor, cache, enc: EncoderOutput | None) -> bool:
+        """Whether a step over ``ids`` (B, n) and its epilogue run as one graph (``fused_step``; a lean
+        drafter's static cache): not here."""
+        return False
+
     def _forward(self, ids, positions, mask, cache, enc):  # pragma: no cover - abstract
         raise NotImplementedError
 

@@ -63,6 +63,8 @@ class StaticDraftCache(Pooled):
         self._slots: torch.Tensor | None = None  # the chunk being fed: the slot each column writes (plan -> write)
         self.graph: PassGraph | None = None  # the captured one-token step over these buffers
         self.feeds: dict[int, PassGraph] = {}  # the captured wider chunks (a round's first feed), by width
+        self.fused: dict[tuple, PassGraph] = {}  # steps with the draft loop's epilogue (lean.LeanDecoder.fused_step)
+        self.loop = None  # the draft loop's buffers, which the fused graphs read (draft_loop.DraftLoop)
         self.reads_encoder = reads_encoder  # a Whisper drafter's cross-attention keys and values live here too
 
     def lend(self, pool: GraphPool, key: tuple) -> StaticDraftCache:
@@ -118,7 +120,7 @@ class StaticDraftCache(Pooled):
         self.cache.reorder_cache(rows)
         self.next_pos = self.next_pos.index_select(0, rows)
         self._rows = torch.arange(len(rows), device=self.device)[:, None]
-        self.graph, self.feeds, self._pool = None, {}, None
+        self.graph, self.feeds, self.fused, self.loop, self._pool = None, {}, {}, None, None
 
     def step(self, run: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], capture: bool, width: int = 1) -> PassGraph:
         """The step of ``width`` columns (one of ``FEED_WIDTHS``) over these buffers, ``run(ids (B, width),
@@ -126,12 +128,19 @@ class StaticDraftCache(Pooled):
         Its warm-up feeds padding only: it writes the scratch slot alone and moves no position."""
         graph = self.graph if width == 1 else self.feeds.get(width)
         if graph is None:
-            batch = self.next_pos.shape[0]
-            inputs = (torch.zeros(batch, width, dtype=torch.long, device=self.device),
-                      torch.zeros(batch, width, dtype=torch.bool, device=self.device))
-            graph = PassGraph(run, inputs, self.device, capture=capture)
+            graph = self.new_graph(run, capture, width)
             if width == 1:
                 self.graph = graph
             else:
                 self.feeds[width] = graph
         return graph
+
+    def new_graph(self, run: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], capture: bool, width: int,
+                  inputs: tuple[torch.Tensor, torch.Tensor] | None = None) -> PassGraph:
+        """``run(ids (B, width), real (B, width))`` over these buffers as a ``PassGraph`` whose inputs are
+        ``inputs`` or new ones of padding only (its warm-up then writes the scratch slot alone)."""
+        if inputs is None:
+            batch = self.next_pos.shape[0]
+            inputs = (torch.zeros(batch, width, dtype=torch.long, device=self.device),
+                      torch.zeros(batch, width, dtype=torch.bool, device=self.device))
+        return PassGraph(run, inputs, self.device, capture=capture)

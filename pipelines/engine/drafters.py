@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from .decoders import Decoder, EncoderOutput
-from .rows import StillRunning, from_host
+from .draft_loop import draft_on_device
+from .rows import from_host
 from .rules import PAD_GEN_LEN, Rules, Sampling, apply_rules, to_probs
 
 
@@ -204,60 +205,21 @@ class ModelDrafter(Drafter):
         return self._vocab
 
     def _draft_on_device(self, ks: list[int], gen_lens: list[int], stop_below: float | None) -> tuple[list[list[int]], int]:
-        """Greedy drafting whose steps never wait on the host: each step's argmax is fed back as a device
-        tensor, a row stops on the device (end of sequence, or a token below ``stop_below``) or at its
-        lookahead / the room before max_new_tokens (known on the host), the loop ends when every row has
-        stopped (``StillRunning``: read without a synchronisation) and every step's tokens are read once
-        at the end. Returns the drafts per row and the forward passes run. The drafts equal the host
-        loop's (``draft``): the same logits, rules and argmax; only when they are read differs."""
-        rows, device = len(ks), self.decoder.device
+        """Greedy drafting whose steps never wait on the host (``draft_loop.draft_on_device``): each row's
+        lookahead bounded by the room before max_new_tokens. Returns the drafts per row and the forward
+        passes run; the drafts equal the host loop's (``draft``)."""
         room = [max(0, min(k, self.max_new - g)) for k, g in zip(ks, gen_lens)]  # drafts row b may take
-        eos = self.rules.eos[0] if len(self.rules.eos) == 1 else from_host(self.rules.eos or (-1,), torch.long, device)
-        vocab = None
-        if self.decoder.vocab_ids is not None:
-            vocab = self._vocab_on_device()
-        ids, real = self.cache.tensors_of([self.pending[b] if room[b] else [] for b in range(rows)], self.pad_id)
-        counts = [len(self.pending[b]) if room[b] else 0 for b in range(rows)]
-        alive = from_host([r > 0 for r in room], torch.bool, device)
-        # room_left[j, b]: row b may draft after step j (one copy for the round)
-        room_left = from_host([[j + 1 < r for r in room] for j in range(max(room, default=0))], torch.bool, device)
-        probe = StillRunning(device)
-        chosen, drafting = [], []
-        for j in range(max(room, default=0)):
-            if j and probe.stopped(alive):  # every row has stopped (end of sequence, confidence)
-                break
-            logits, _ = self.decoder.forward_ids(ids, real, self.cache, self.enc)
-            self.cache.commit(real, counts)
-            nxt = logits  # (B, 1, V'): next-token logits; a one-token step's own (a graph's output: read below)
-            if ids.shape[1] > 1:  # a row's last real token, 0 for a row fed nothing (its logits are unused)
-                last = real.sum(dim=1).clamp(min=1) - 1
-                nxt = logits[torch.arange(rows, device=device), last][:, None, :]
-            lens = torch.tensor([[gen_lens[b] + j if j < room[b] else PAD_GEN_LEN] for b in range(rows)],
-                                device="cpu")  # the rules read it on the host
-            apply_rules(self.rules, nxt, lens, self.max_new, None, self.decoder.vocab_ids)
-            col = torch.argmax(nxt[:, 0], dim=-1)
-            tok = col if vocab is None else vocab[col]
-            chosen.append(tok)
-            drafting.append(alive)  # rows whose token at step j is a draft
-            # a row stops after its last allowed draft, an end of sequence or (confidence) an unlikely token
-            going = room_left[j] & (tok != eos if isinstance(eos, int) else ~torch.isin(tok, eos))
-            if stop_below is not None:  # compared in float64, as the host loop compares its Python float
-                going = going & ~(torch.softmax(nxt[:, 0], dim=-1).gather(-1, col[:, None])[:, 0].double() < stop_below)
-            alive = alive & going
-            probe.post(alive)
-            ids, real = tok[:, None], alive[:, None]  # the next step feeds each row its own token
-            counts = [0] * rows  # fed on the device: counted below, once read
-        tokens: list[list[int]] = [[] for _ in range(rows)]
-        if chosen:
-            values, flags = torch.stack([torch.stack(chosen, dim=1), torch.stack(drafting, dim=1).long()]).tolist()
-            tokens = [[t for t, f in zip(v, g) if f] for v, g in zip(values, flags)]
-        for b in range(rows):
+        vocab = None if self.decoder.vocab_ids is None else self._vocab_on_device()
+        feeds = [self.pending[b] if room[b] else [] for b in range(len(ks))]
+        tokens, steps = draft_on_device(self.decoder, self.cache, self.enc, self.rules, self.max_new, feeds, room,
+                                        gen_lens, self.pad_id, stop_below, vocab)
+        for b in range(len(ks)):
             if room[b]:
                 self.pending[b] = []
         # The assistant has fed every draft of a row but the last (drafting stops after choosing it).
         self._fed = [max(len(t) - 1, 0) for t in tokens]
         self.cache.add_counts(self._fed)
-        return tokens, len(chosen)
+        return tokens, steps
 
     def update(self, drafted, accepted, emitted) -> None:
         """Rejected drafts leave the assistant's cache (holes in a ragged one; a static one steps its

@@ -59,12 +59,33 @@ class LeanDecoder(Decoder):
         """Float32 logits (B, n, V') for the token ids (B, n) on the device and their real-token flags (B, n)
         (``Decoder.forward_ids``). On a static cache a chunk of one of ``FEED_WIDTHS`` columns (a draft step,
         a round's padded first feed) whose cross-attention is in place replays the cache's captured step."""
-        if (isinstance(cache, StaticDraftCache) and ids.shape[1] in FEED_WIDTHS and not cache.needs_cross()
-                and (enc is None or enc.mask is None)):
+        if self._replays(ids, cache, enc):
             step = cache.step(lambda i, r: self._run_step(i, r, cache, None)[0], capture=self.graphs == "capture",
                               width=ids.shape[1])
             return step(ids, real), real
         return self._run_step(ids, real, cache, enc)
+
+    def _replays(self, ids: torch.Tensor, cache, enc: EncoderOutput | None) -> bool:
+        """A chunk of one of ``FEED_WIDTHS`` columns on a static cache whose cross-attention is in place."""
+        return (isinstance(cache, StaticDraftCache) and ids.shape[1] in FEED_WIDTHS and not cache.needs_cross()
+                and (enc is None or enc.mask is None))
+
+    def fuses(self, ids: torch.Tensor, cache, enc: EncoderOutput | None) -> bool:
+        """Whether a step over ``ids`` and its epilogue run as one graph (``fused_step``): where the step alone
+        replays one (``forward_ids``)."""
+        return self._replays(ids, cache, enc)
+
+    def fused_step(self, cache: StaticDraftCache, key: tuple, then, inputs: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """The step over ``cache`` followed by ``then(logits (B, n, V'), real (B, n)) -> output`` as one
+        ``graphs.PassGraph`` (captured on CUDA; "eager": the same buffers, run eagerly), kept with the cache
+        under ``key`` = (kind, width, ...): the key names everything ``then`` bakes in. ``inputs``: the
+        (ids, real) buffers it reads (default new ones of the key's width, copied into at each call); the
+        caller makes sure its warm-up runs change nothing (``draft_loop.DraftLoop.resting``)."""
+        graph = cache.fused.get(key)
+        if graph is None:
+            run = lambda i, r: then(self._run_step(i, r, cache, None)[0], r)  # noqa: E731
+            graph = cache.fused[key] = cache.new_graph(run, self.graphs == "capture", key[1], inputs)
+        return graph
 
     def _run_step(self, ids: torch.Tensor, real: torch.Tensor, cache, enc: EncoderOutput | None):
         """``_step``, on CUDA with torch's attention kernels other than cuDNN's (``ATTENTION_BACKENDS``)."""

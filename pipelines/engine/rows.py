@@ -29,7 +29,8 @@ class StillRunning:
     """Whether any row of a device-side loop still runs, read without waiting for the device where a read
     costs a synchronisation: on CUDA the flag goes to pinned host memory behind an event and is read once
     the event has completed (a step or so late: a loop may run a step more than needed, never less); on a
-    CPU it is read at once (no device to wait for); elsewhere it is not read (the loop runs to its bound)."""
+    CPU it is read at once (no device to wait for); elsewhere it is not read (the loop runs to its bound).
+    The flag is a (1,) bool tensor on the device: whether any row is still alive."""
 
     def __init__(self, device: torch.device) -> None:
         self.mode = "event" if device.type == "cuda" else ("now" if not indexed(device) else "never")
@@ -38,17 +39,17 @@ class StillRunning:
             self.event = torch.cuda.Event()
             self.posted = False
 
-    def post(self, alive: torch.Tensor) -> None:
-        """Start reading ``alive.any()`` (CUDA: a non-blocking copy, then the event)."""
+    def post(self, running: torch.Tensor) -> None:
+        """Start reading ``running`` (1,) (CUDA: a non-blocking copy, then the event)."""
         if self.mode == "event":
-            self.flag.copy_(alive.any().reshape(1), non_blocking=True)
+            self.flag.copy_(running, non_blocking=True)
             self.event.record()
             self.posted = True
 
-    def stopped(self, alive: torch.Tensor) -> bool:
-        """True when no row runs any more (as far as is known without waiting)."""
+    def stopped(self, running: torch.Tensor) -> bool:
+        """True when no row runs any more (as far as is known without waiting); ``running`` as posted."""
         if self.mode == "now":
-            return not bool(alive.any())
+            return not bool(running)
         if self.mode == "event" and self.posted and self.event.query():
             return not bool(self.flag[0])
         return False

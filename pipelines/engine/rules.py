@@ -117,6 +117,17 @@ def rules_from_generation_config(gen, prompt_len: int, max_new_tokens: int) -> R
     )
 
 
+def suppress_only_from(rules: Rules) -> int | None:
+    """The generated length from which ``apply_rules`` does nothing but fill the suppressed columns: past
+    the first token's suppressions and forced token, and past a minimum length (where an end of sequence is
+    forbidden). None where no length is: processors and timestamp rules read each prefix, and a forced last
+    token depends on max_new_tokens. A device loop applies the suppression alone from there on."""
+    if rules.processors or rules.timestamps is not None or rules.forced_last is not None:
+        return None
+    start = 1 if rules.begin_suppress or rules.forced_first is not None else 0
+    return max(start, rules.min_new_tokens) if rules.eos else start
+
+
 def _forbid(logits: torch.Tensor, where: torch.Tensor, vocab: Sequence[int] | None, tokens: tuple[int, ...]) -> None:
     """logits[b, j, columns of ``tokens``] = -inf at the (b, j) where ``where`` (a host mask) holds: integer
     indices, so the device needs no synchronisation to size the selection. The columns are filled with

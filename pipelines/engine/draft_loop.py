@@ -1,0 +1,178 @@
+"""The device draft loop: greedy drafting whose steps never wait on the host.
+
+A round drafts up to ``room[b]`` tokens for row b (its lookahead, bounded by the room left before
+max_new_tokens). Step 0 feeds each row the tokens the drafter has not seen yet (a round's first feed, 1 to
+k + 1 a row); every later step feeds each row its own last draft. After step j, on the device:
+
+    nxt[b]         = logits[b, last real column of row b]        (B, V'): the next-token logits
+    nxt            = rules(nxt)                                   suppressed columns -inf (the rules of
+                                                                  the first tokens: on the host, below)
+    tok[b]         = vocab[argmax nxt[b]]                         (vocab: the draft head's column -> id)
+    drafts[:, j]   = tok,  drafting[:, j] = alive                 alive: rows whose step-j token is a draft
+    alive[b]      &= (j + 1 < room[b]) & (tok[b] != eos)  [& softmax(nxt[b])[tok] >= stop_below]
+
+and step j + 1 feeds (tok, alive). The host learns that no row is alive from a flag read behind an event
+(``rows.StillRunning``: a step late at most) and reads every step's tokens once, at the end of the round.
+
+On a static draft cache (``draft_cache.StaticDraftCache``, the CUDA path) a step and the lines above are
+one graph (``LeanDecoder.fused_step``): the cache's commit, the rules, the argmax, the vocabulary map, the
+stop flags and the next step's inputs replay with the layers, where they were about twenty launches and
+host work each (the H200 probe of 2026-12-04: 5.3 ms a round against 1.4 ms of kernels). A later step reads
+its inputs from the loop's own buffers: its replay copies nothing in. Rules that read a step's generated
+length (the first token's suppressions, a minimum length, a forced token) are applied by ``apply_rules``
+from host lengths, outside the graph, at the steps where they can bite; every other step replays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .cache import EncoderOutput
+from .draft_cache import StaticDraftCache
+from .rows import StillRunning, from_host
+from .rules import PAD_GEN_LEN, Rules, apply_rules, column_index, suppress_only_from
+
+NEG_INF = float("-inf")
+MIN_STEPS = 16  # the draft steps a loop's buffers hold at least (a longer round makes larger ones)
+
+
+class DraftLoop:
+    """A round's state on the device for ``rows`` rows and up to ``steps`` draft steps (module docstring):
+
+        ids (B, 1) long, alive (B,) bool: the next one-token step's input (each row's last draft; whether it drafts)
+        room (B,) long: the drafts each row may take this round;  step (1,) long: the step being run (j)
+        drafts (B, steps) long, drafting (B, steps) bool: the token of every step and whether it is a draft
+        running (1,) bool: whether any row is alive;  threshold (1,) float64: stop_below, when drafting by confidence
+
+    A static draft cache keeps one (its graphs read these addresses); a ragged cache's round makes its own."""
+
+    def __init__(self, rows: int, device: torch.device, steps: int) -> None:
+        self.steps = steps
+        self.ids = torch.zeros(rows, 1, dtype=torch.long, device=device)
+        self.alive = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.room = torch.zeros(rows, dtype=torch.long, device=device)
+        self.step = torch.zeros(1, dtype=torch.long, device=device)
+        self.drafts = torch.zeros(rows, steps, dtype=torch.long, device=device)
+        self.drafting = torch.zeros(rows, steps, dtype=torch.bool, device=device)
+        self.running = torch.zeros(1, dtype=torch.bool, device=device)
+        self.threshold = torch.zeros(1, dtype=torch.float64, device=device)
+        self.rows = torch.arange(rows, device=device)
+
+    def begin(self, room: list[int], stop_below: float | None) -> None:
+        """A new round: ``room[b]`` drafts for row b, from step 0."""
+        self.room.copy_(torch.tensor(room, dtype=torch.long, device="cpu"), non_blocking=True)  # one copy, staged by CUDA
+        torch.gt(self.room, 0, out=self.alive)
+        self.step.zero_()
+        if stop_below is not None:
+            self.threshold.fill_(stop_below)
+
+    @contextlib.contextmanager
+    def resting(self):
+        """No row alive meanwhile, then the state as it was: a graph's warm-up runs (``graphs.PassGraph``)
+        over the loop's buffers then write the scratch slot only and commit nothing."""
+        buffers = (self.ids, self.alive, self.room, self.step, self.drafts, self.drafting, self.running)
+        saved = [t.clone() for t in buffers]
+        self.alive.zero_()
+        self.step.zero_()  # warm-ups write the first columns (the state is put back after)
+        try:
+            yield
+        finally:
+            for t, s in zip(buffers, saved):
+                t.copy_(s)
+
+    def choose(self, logits: torch.Tensor, real: torch.Tensor, constrain, vocab: torch.Tensor | None,
+               eos: int | torch.Tensor, confidence: bool) -> torch.Tensor:
+        """After step j over ``logits`` (B, n, V') float32 with real-token flags ``real`` (B, n) (real tokens
+        first): the rules (``constrain(nxt)``, in place on (B, 1, V')), the argmax, the step's tokens and
+        flags kept, the stop flags and the next step's inputs (module docstring); returns ``running`` (1,)."""
+        if logits.shape[1] == 1:
+            nxt = logits  # a one-token step's own logits (a graph's output: read before its next replay)
+        else:  # a row's last real token; column 0 for a row fed nothing (its logits are unused)
+            nxt = logits[self.rows, real.sum(dim=1).clamp(min=1) - 1][:, None, :]
+        constrain(nxt)
+        col = torch.argmax(nxt[:, 0], dim=-1)
+        tok = col if vocab is None else vocab[col]
+        self.drafts.index_copy_(1, self.step, tok[:, None])
+        self.drafting.index_copy_(1, self.step, self.alive[:, None])
+        # a row stops after its last allowed draft, an end of sequence or (confidence) an unlikely token
+        going = (self.step + 1 < self.room) & (tok != eos if isinstance(eos, int) else ~torch.isin(tok, eos))
+        if confidence:  # compared in float64, as the host loop compares its Python float
+            p = torch.softmax(nxt[:, 0], dim=-1).gather(-1, col[:, None])[:, 0].double()
+            going = going & ~(p < self.threshold)
+        self.alive.logical_and_(going)
+        self.ids.copy_(tok[:, None])
+        self.step.add_(1)
+        torch.any(self.alive, dim=0, keepdim=True, out=self.running)
+        return self.running
+
+    def read(self, steps: int) -> list[list[int]]:
+        """The drafts of each row over the round's first ``steps`` steps (one read)."""
+        values, flags = torch.stack([self.drafts[:, :steps], self.drafting[:, :steps].long()]).tolist()
+        return [[t for t, f in zip(v, g) if f] for v, g in zip(values, flags)]
+
+
+def loop_for(cache, rows: int, device: torch.device, steps: int) -> DraftLoop:
+    """The loop state for a round of ``steps`` steps: a static cache's own (made larger when a round needs
+    more steps: its fused graphs go with the old buffers), else a new one."""
+    if not isinstance(cache, StaticDraftCache):
+        return DraftLoop(rows, device, steps)
+    if cache.loop is None or cache.loop.steps < steps:
+        cache.loop = DraftLoop(rows, device, max(steps, MIN_STEPS))
+        cache.fused = {}
+    return cache.loop
+
+
+def draft_on_device(decoder, cache, enc: EncoderOutput | None, rules: Rules, max_new: int, feeds: list[list[int]],
+                    room: list[int], gen_lens: list[int], pad_id: int, stop_below: float | None,
+                    vocab: torch.Tensor | None) -> tuple[list[list[int]], int]:
+    """Greedy drafts for each row (module docstring): ``feeds[b]`` the tokens row b's drafter has not seen (fed
+    at step 0; [] where ``room[b]`` is 0), at most ``room[b]`` drafts, ``gen_lens[b]`` tokens generated
+    before them. Returns the drafts per row and the forward passes run. The drafts equal the host loop's
+    (``ModelDrafter.draft``): the same logits, rules and argmax; only where and when they are read differs."""
+    rows, device, steps = len(room), decoder.device, max(room, default=0)
+    if steps == 0:
+        return [[] for _ in range(rows)], 0
+    eos = rules.eos[0] if len(rules.eos) == 1 else from_host(rules.eos or (-1,), torch.long, device)
+    loop = loop_for(cache, rows, device, steps)
+    loop.begin(room, stop_below)
+    fixed_from = suppress_only_from(rules)
+    suppress = column_index(decoder.vocab_ids, rules.suppress, device) if rules.suppress else None
+
+    def fixed_rules(nxt: torch.Tensor) -> None:  # what apply_rules does from the fixed_from-th token on
+        if suppress is not None:
+            nxt.index_fill_(-1, suppress, NEG_INF)
+
+    def host_rules(j: int):  # apply_rules with step j's generated lengths (read on the host)
+        lens = torch.tensor([[gen_lens[b] + j if j < room[b] else PAD_GEN_LEN] for b in range(rows)], device="cpu")
+        return lambda nxt: apply_rules(rules, nxt, lens, max_new, None, decoder.vocab_ids)
+
+    def finish(logits: torch.Tensor, real: torch.Tensor, constrain) -> torch.Tensor:
+        return loop.choose(logits, real, constrain, vocab, eos, stop_below is not None)
+
+    probe = StillRunning(device)
+    ids, real = cache.tensors_of(feeds, pad_id)
+    counts = [len(f) for f in feeds]
+    taken = 0
+    for j in range(steps):
+        if j and probe.stopped(loop.running):  # every row has stopped (end of sequence, confidence)
+            break
+        fixed = fixed_from is not None and min(g + j for g, r in zip(gen_lens, room) if j < r) >= fixed_from
+        if fixed and decoder.fuses(ids, cache, enc):
+            key = ("feed" if j == 0 else "step", ids.shape[1], rules.suppress, rules.eos, stop_below is not None)
+            inputs = None if j == 0 else (loop.ids, loop.alive.view(rows, 1))
+            with contextlib.ExitStack() as resting:
+                if key not in cache.fused:
+                    resting.enter_context(loop.resting())
+                step = decoder.fused_step(cache, key, lambda lg, r: (cache.commit(r), finish(lg, r, fixed_rules))[1], inputs)
+            running = step(ids, real) if j == 0 else step()
+        else:
+            logits, _ = decoder.forward_ids(ids, real, cache, enc)
+            cache.commit(real, counts)
+            running = finish(logits, real, fixed_rules if fixed else host_rules(j))
+        taken += 1
+        probe.post(running)
+        ids, real = loop.ids, loop.alive.view(rows, 1)  # the next step feeds each row its own token
+        counts = [0] * rows  # fed on the device: counted by the caller, once read
+    return loop.read(taken), taken
