@@ -6,7 +6,16 @@ import pytest
 import torch
 from toy_models import make_causal
 
-from pipelines.engine import AssistedDecoder, DecodeOptions, PolicyOptions, Sampling, as_decoder, core, model_drafter
+from pipelines.engine import (
+    AssistedDecoder,
+    DecodeOptions,
+    PolicyOptions,
+    Sampling,
+    as_decoder,
+    core,
+    model_drafter,
+    verify,
+)
 from pipelines.engine.rules import Rules, to_probs
 
 SAMPLING = Sampling(temperature=1.3, top_k=6, top_p=0.95)
@@ -73,7 +82,7 @@ def test_the_test_catches_a_broken_acceptance_rule(models, monkeypatch):
         p = to_probs(logits, sampling)
         return len(drafts), int(torch.multinomial(p[len(drafts)], 1, generator=generator))
 
-    monkeypatch.setattr(core, "accept_sampling", always_accept)
+    monkeypatch.setattr(verify, "accept_sampling", always_accept)
     counts, _ = _sample(main, small)
     assert _chi_square_p(counts, _exact_joint(main), N) < 1e-6
 

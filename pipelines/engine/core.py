@@ -5,7 +5,12 @@
     verify      one main-model pass over [tokens the main cache lacks] + drafts, for all rows at once
     accept      greedy: the longest prefix of drafts equal to the main model's argmax, then the main
                 model's own next token; sampling: the speculative-sampling rule
-    repeat      until every row has emitted EOS or max_new_tokens; finished rows leave the batch
+    commit      the main cache keeps what was accepted; the emitted tokens join each row
+    shrink      finished rows leave the batch once they are a quarter of it (not for a fixed-shape decoder)
+    repeat      until every row has emitted EOS or max_new_tokens
+
+``AssistedDecoder.generate`` reads as these verbs (``_draft``, ``_verify``, ``_accept``, ``_commit``,
+``_shrink``) over one ``Request``, the loop state of a call; ``verify.py`` holds the acceptance rules.
 
 Nothing here knows about audio, files or UI: inputs are encoder inputs (tensors) and decoder prompts.
 """
@@ -18,12 +23,12 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from . import rows as row_ops
+from . import rows as row_ops, verify
 from .decoders import Decoder, EncoderOutput
 from .drafters import DrafterFactory
 from .policies import CostMemory, PolicyOptions, make_policy
-from .rows import aligned_rows, from_host, gather_rows
-from .rules import PAD_GEN_LEN, Rules, Sampling, apply_rules, to_probs
+from .rows import from_host, gather_rows
+from .rules import PAD_GEN_LEN, Rules, Sampling, apply_rules
 
 
 @dataclass(frozen=True)
@@ -90,16 +95,6 @@ class DecodeResult:
     prompt_logits: torch.Tensor | None = None  # with logits_at: (rows, V) float32, the logits at that prompt index
 
 
-def _truncate(tokens: list[int], eos: tuple[int, ...], room: int) -> tuple[list[int], bool]:
-    """Cut after the first EOS and to ``room`` tokens; True when the row is finished."""
-    for i, t in enumerate(tokens):
-        if t in eos:
-            return tokens[: i + 1], True
-    if len(tokens) >= room:
-        return tokens[:room], True
-    return tokens, False
-
-
 def seeded_policy(options: DecodeOptions) -> PolicyOptions:
     """The lookahead policy of a request. A seeded sample is a function of its random draws, and how many draws
     a round takes follows the lookahead, so the adaptive policy (which reads wall-clock costs) would make one
@@ -110,69 +105,50 @@ def seeded_policy(options: DecodeOptions) -> PolicyOptions:
     return options.policy
 
 
-def add_logprobs(total: float, logits: torch.Tensor, tokens: list[int]) -> float:
-    """total + sum_j log softmax(logits[j])[tokens[j]], one position at a time and in order, so a token
-    verified in a pass of several adds the same float as one decoded alone."""
-    logits = aligned_rows(logits)  # on CUDA every row at the same alignment (rows.aligned_rows)
-    for j, token in enumerate(tokens):
-        total += float(torch.log_softmax(logits[j], dim=-1)[token])
-    return total
+@dataclass
+class Request:
+    """What one ``generate`` call carries from round to round, rows in batch order (``alive[b]``: the original
+    index of batch row b; finished rows leave the batch unless the main decoder keeps its shape). Mutable:
+    the loop state of one call, never shared."""
+
+    seqs: list[list[int]]  # per row: prompt + tokens emitted so far
+    prompt_lens: list[int]
+    pending: list[list[int]]  # per row: tokens the main cache lacks
+    alive: list[int]
+    done: list[bool]
+    out: list[list[int]]  # per original row: tokens emitted
+    logprobs: list[float]  # per original row: sum of log p of the emitted tokens
+    hist: Counter = field(default_factory=Counter)  # accepted drafts per (row, round)
+    rounds: int = 0
+    main_calls: int = 0
+    draft_calls: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    prompt_logits: torch.Tensor | None = None
+
+    @classmethod
+    def start(cls, prompts: list[list[int]]) -> Request:
+        rows = len(prompts)
+        return cls([list(p) for p in prompts], [len(p) for p in prompts], [list(p) for p in prompts],
+                   list(range(rows)), [False] * rows, [[] for _ in range(rows)], [0.0] * rows)
+
+    def gen_lens(self) -> list[int]:
+        """Tokens generated so far, per batch row."""
+        return [len(s) - pl for s, pl in zip(self.seqs, self.prompt_lens)]
 
 
-def argmax_logprobs(logits: torch.Tensor) -> tuple[list[list[int]], list[list[float]]]:
-    """Per row and position of ``logits`` (B, n, V): the argmax id and log softmax(logits)[argmax], read to the
-    host together (one synchronisation). The log-probabilities have the bits of ``add_logprobs``' one-row
-    log_softmax (a row's log_softmax does not depend on the other rows)."""
-    best = torch.argmax(logits, dim=-1)
-    values = torch.log_softmax(aligned_rows(logits), dim=-1).gather(-1, best[..., None])[..., 0]
-    ids, lps = torch.stack([best.double(), values.double()]).tolist()
-    return [[int(t) for t in row] for row in ids], lps
+@dataclass(frozen=True)
+class Verified:
+    """A verify pass: ``logits`` (B, n, V) as the main decoder returned them, ``sel`` (B, width, V) each live
+    row's logits from its last pending token on after the rules (-inf past its drafts), ``counts`` the
+    positions of each row in ``sel`` (drafts + 1; 0 for a finished row)."""
 
-
-def logprobs_at(logits: torch.Tensor, best: list[list[int]], counts: list[int]) -> list[list[float]]:
-    """log softmax(logits[b, j])[best[b][j]] for j < counts[b], per row (one read), computing the softmax
-    only at those positions: ``argmax_logprobs``' values where the argmax was read first (a CPU)."""
-    batch, width, vocab = logits.shape
-    where = [(b, j) for b, c in enumerate(counts) for j in range(c)]
-    if not where:
-        return [[] for _ in range(batch)]
-    flat = logits.reshape(batch * width, vocab).index_select(0, from_host([b * width + j for b, j in where], torch.long, logits.device))
-    tokens = from_host([[best[b][j]] for b, j in where], torch.long, logits.device)
-    values = torch.log_softmax(aligned_rows(flat), dim=-1).gather(-1, tokens)[:, 0].double().tolist()
-    out: list[list[float]] = [[] for _ in range(batch)]
-    for (b, _), value in zip(where, values):
-        out[b].append(value)
-    return out
-
-
-def accepted_prefix(drafts: list[int], best: list[int]) -> int:
-    """The number of leading drafts equal to the main model's argmax at their positions (``best``)."""
-    n = 0
-    while n < len(drafts) and drafts[n] == best[n]:
-        n += 1
-    return n
-
-
-def accept_sampling(drafts: list[int], qs: list[torch.Tensor | None], logits: torch.Tensor, sampling: Sampling,
-                    generator: torch.Generator | None) -> tuple[int, int]:
-    """Speculative sampling. p_j = main distribution at position j, q_j = the draft's.
-    Accept d_j with probability min(1, p_j(d_j) / q_j(d_j)); on the first rejection draw from
-    norm(max(p_j - q_j, 0)); if every draft is accepted draw the bonus token from p_k.
-    A deterministic draft (prompt lookup) has q_j = one-hot(d_j)."""
-    p = to_probs(logits, sampling)
-    for j, (d, q) in enumerate(zip(drafts, qs)):
-        if q is None:
-            q = torch.zeros_like(p[j])
-            q[d] = 1.0
-        ratio = float(p[j, d] / q[d]) if q[d] > 0 else 0.0
-        u = float(torch.rand((), generator=generator, device=p.device))
-        if u < min(1.0, ratio):
-            continue
-        residual = torch.clamp(p[j] - q, min=0.0)
-        total = residual.sum()
-        residual = residual / total if total > 0 else p[j]
-        return j, int(torch.multinomial(residual, 1, generator=generator))
-    return len(drafts), int(torch.multinomial(p[len(drafts)], 1, generator=generator))
+    logits: torch.Tensor
+    sel: torch.Tensor
+    counts: list[int]
+    width: int
 
 
 class AssistedDecoder:
@@ -189,8 +165,12 @@ class AssistedDecoder:
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], rules: Rules, options: DecodeOptions = DecodeOptions(),
                  encoder_inputs: dict | None = None, encoder_output: EncoderOutput | None = None) -> DecodeResult:
+        """Decode ``prompts`` (one list of ids a row) under ``rules``: encode once, then round after round
+        draft, verify, accept and shrink the batch (module docstring) until every row has finished.
+        ``encoder_inputs`` (e.g. ``input_features`` (B, 80, 3000)) or an ``encoder_output`` already computed
+        (B, S, D) for an encoder-decoder main model. Greedy output equals the main model's own greedy decoding;
+        sampled output follows its distribution."""
         t_start = time.perf_counter()
-        rows = len(prompts)
         # the seeded generator lives on the model's device, as the distributions it samples from
         generator = torch.Generator(self.main.device).manual_seed(options.seed) if options.seed is not None else None
         sampling = options.sampling if options.do_sample else None
@@ -209,127 +189,148 @@ class AssistedDecoder:
         encode_s = time.perf_counter() - t0
         enc_all = enc
 
-        cache = self.main.new_cache(rows, capacity=max(len(p) for p in prompts) + options.max_new_tokens + 1)
-        seqs = [list(p) for p in prompts]
-        prompt_lens = [len(p) for p in prompts]
-        pending = [list(p) for p in prompts]  # tokens the main cache lacks
-        out: list[list[int]] = [[] for _ in range(rows)]
-        alive = list(range(rows))  # original row index of each batch row
-        done = [False] * rows  # finished rows stay in the batch (fed nothing) until enough have finished
-        hist: Counter[int] = Counter()
-        logprobs = [0.0] * rows
-        prompt_logits = None
-        n_rounds = main_calls = draft_calls = drafted_total = accepted_total = 0
-        draft_s = verify_s = 0.0
-
+        cache = self.main.new_cache(len(prompts), capacity=max(len(p) for p in prompts) + options.max_new_tokens + 1)
+        req = Request.start(prompts)
         try:
-            while not all(done):
-                n_rounds += 1
-                gen_lens = [len(s) - pl for s, pl in zip(seqs, prompt_lens)]
-                ks = policy.next_k(len(alive)) if drafter is not None else [0] * len(alive)
-                ks = [0 if d else min(k, options.max_new_tokens - g - 1) for k, g, d in zip(ks, gen_lens, done)]
-                if drafter is not None and any(k > 0 for k in ks):
-                    d = drafter.draft(ks, seqs, gen_lens, sampling, generator, policy.stop_below)
-                    drafts, qs, draft_calls, draft_s = d.tokens, d.probs, draft_calls + d.steps, draft_s + d.seconds
-                    d_s = d.seconds
-                else:
-                    drafts, qs, d_s = [[] for _ in alive], None, 0.0
-
-                # verify: one main pass over pending + drafts; logits from the last pending token on
+            while not all(req.done):
+                req.rounds += 1
+                gen_lens = req.gen_lens()
+                drafts, qs, d_s = self._draft(req, drafter, policy, gen_lens, options, sampling, generator)
                 t1 = time.perf_counter()
-                chunks = [p + dr for p, dr in zip(pending, drafts)]
-                need = [len(p) - 1 for p in pending]
-                if n_rounds == 1 and options.logits_at is not None:  # the prompt's own logits from that index on
-                    need = [min(n, options.logits_at) for n in need]
-                logits, _ = self.main.forward(chunks, cache, enc, self.pad_id, need_from=need)
-                if n_rounds == 1 and options.logits_at is not None:
-                    prompt_logits = logits[:, options.logits_at].clone()
-                main_calls += 1
-                width = max(len(dr) for dr in drafts) + 1
-                # each live row's logits from its last pending token on: (B, width, V), -inf past its drafts
-                counts = [0 if done[b] else len(dr) + 1 for b, dr in enumerate(drafts)]
-                sel = gather_rows(logits, [max(len(p) - 1, 0) for p in pending], counts, width)
-                # gen_len per position, a host tensor: the rules decide on the host (apply_rules)
-                lens = torch.tensor([[g + j if j < c else PAD_GEN_LEN for j in range(width)] for g, c in zip(gen_lens, counts)],
-                                    device="cpu")
-                prefixes = None
-                if rules.needs_prefix:
-                    prefixes = [[seqs[b] + dr[:j] for j in range(len(dr) + 1)] for b, dr in enumerate(drafts)]
-                apply_rules(rules, sel, lens, options.max_new_tokens, prefixes)
-
-                accepted, emitted = [0] * len(alive), [[] for _ in alive]
-                best_lp = None
-                if sampling is None and row_ops.indexed(logits.device):  # the argmax and its log-probability everywhere: one read
-                    best, best_lp = argmax_logprobs(sel)
-                elif sampling is None:  # a CPU (reads cost nothing): the argmax now, log-probabilities of emitted tokens below
-                    best = torch.argmax(sel, dim=-1).tolist()
-                for b, (p, dr) in enumerate(zip(pending, drafts)):
-                    if done[b]:
-                        continue
-                    row_logits = sel[b, : len(dr) + 1]
-                    if sampling is None:
-                        n = accepted_prefix(dr, best[b])
-                        emitted[b], done[b] = _truncate(dr[:n] + [best[b][n]], rules.eos, options.max_new_tokens - gen_lens[b])
-                    else:
-                        n, nxt = accept_sampling(dr, qs[b] if qs else [None] * len(dr), row_logits, sampling, generator)
-                        emitted[b], done[b] = _truncate(dr[:n] + [nxt], rules.eos, options.max_new_tokens - gen_lens[b])
-                        logprobs[alive[b]] = add_logprobs(logprobs[alive[b]], row_logits, emitted[b])
-                    accepted[b] = n
-                    hist[n] += 1
-                    drafted_total += len(dr)
-                    accepted_total += n
-                if sampling is None:
-                    if best_lp is None:
-                        best_lp = logprobs_at(sel, best, [len(e) for e in emitted])
-                    for b, e in enumerate(emitted):
-                        for value in best_lp[b][: len(e)]:  # in order, one token at a time (add_logprobs)
-                            logprobs[alive[b]] += value
-                kept = [0 if counts[b] == 0 else len(p) + accepted[b] for b, p in enumerate(pending)]
-                keep = from_host([[j < k for j in range(logits.shape[1])] for k in kept], torch.bool, logits.device)
-                cache.commit(keep, kept)
+                verified = self._verify(req, cache, enc, drafts, gen_lens, rules, options)
+                accepted, emitted = self._accept(req, verified, drafts, qs, gen_lens, rules, options, sampling, generator)
+                self._commit(req, cache, verified, accepted, emitted)
                 v_s = time.perf_counter() - t1
-                verify_s += v_s
-
-                for b, new in enumerate(emitted):
-                    seqs[b].extend(new)
-                    out[alive[b]].extend(new)
-                    pending[b] = [] if done[b] else [new[-1]]
+                req.verify_s += v_s
                 if drafter is not None:
                     drafter.update(drafts, accepted, emitted)
-                    policy.observe([len(dr) for dr in drafts], accepted, d_s, v_s, width)
-
-                # Finished rows leave the batch once they are a quarter of it (each removal copies the caches),
-                # unless the main decoder keeps its shapes fixed for the whole request (whisper.WhisperDecoder).
-                n_done = sum(done)
-                if n_done and not all(done) and 4 * n_done >= len(alive) and not self.main.fixed_batch:
-                    keep_rows = [b for b, f in enumerate(done) if not f]
-                    alive, seqs, done = [alive[b] for b in keep_rows], [seqs[b] for b in keep_rows], [False] * len(keep_rows)
-                    prompt_lens = [prompt_lens[b] for b in keep_rows]
-                    pending = [pending[b] for b in keep_rows]
-                    index = from_host(keep_rows, torch.long, self.main.device)
-                    cache.select(index, keep_rows)
-                    if enc is not None:
-                        enc = enc.select(index)
-                    if drafter is not None:
-                        drafter.select(keep_rows)
-                    policy.select(keep_rows)
+                    policy.observe([len(dr) for dr in drafts], accepted, d_s, v_s, verified.width)
+                enc = self._shrink(req, cache, enc, drafter, policy)
                 cache.maybe_compact(self.main.compact_at)
-
         finally:  # a pooled static cache goes back to its pool, whatever happened
             cache.release()
             if drafter is not None:
                 drafter.finish()
         total_s = time.perf_counter() - t_start
         stats = DecodeStats(
-            rows=rows, new_tokens=sum(len(o) for o in out), rounds=n_rounds, main_calls=main_calls,
-            draft_calls=draft_calls, encoder_calls=encoder_calls, drafted=drafted_total, accepted=accepted_total,
-            accepted_hist=dict(sorted(hist.items())), row_calls=sum(hist.values()), encode_s=encode_s, draft_s=draft_s, verify_s=verify_s,
-            other_s=max(0.0, total_s - encode_s - draft_s - verify_s), total_s=total_s,
+            rows=len(prompts), new_tokens=sum(len(o) for o in req.out), rounds=req.rounds, main_calls=req.main_calls,
+            draft_calls=req.draft_calls, encoder_calls=encoder_calls, drafted=req.drafted, accepted=req.accepted,
+            accepted_hist=dict(sorted(req.hist.items())), row_calls=sum(req.hist.values()), encode_s=encode_s,
+            draft_s=req.draft_s, verify_s=req.verify_s,
+            other_s=max(0.0, total_s - encode_s - req.draft_s - req.verify_s), total_s=total_s,
         )
-        tokens = tuple(tuple(o) for o in out)
+        tokens = tuple(tuple(o) for o in req.out)
         if options.compare_plain and not options.do_sample:
             plain = self.generate(prompts, rules, replace(options, use_drafter=False, compare_plain=False),
                                   encoder_inputs, enc_all)
             same = tuple(a == b for a, b in zip(tokens, plain.tokens))
-            return DecodeResult(tokens, stats, same, plain.stats, tuple(logprobs), prompt_logits)
-        return DecodeResult(tokens, stats, sum_logprobs=tuple(logprobs), prompt_logits=prompt_logits)
+            return DecodeResult(tokens, stats, same, plain.stats, tuple(req.logprobs), req.prompt_logits)
+        return DecodeResult(tokens, stats, sum_logprobs=tuple(req.logprobs), prompt_logits=req.prompt_logits)
+
+    def _draft(self, req: Request, drafter, policy, gen_lens: list[int], options: DecodeOptions,
+               sampling: Sampling | None, generator) -> tuple[list[list[int]], list | None, float]:
+        """Each row's drafts this round (k from the policy, none for a finished row or past max_new_tokens),
+        their draft distributions when sampling, and the seconds drafting took."""
+        rows = len(req.alive)
+        ks = policy.next_k(rows) if drafter is not None else [0] * rows
+        ks = [0 if d else min(k, options.max_new_tokens - g - 1) for k, g, d in zip(ks, gen_lens, req.done)]
+        if drafter is None or not any(k > 0 for k in ks):
+            return [[] for _ in range(rows)], None, 0.0
+        d = drafter.draft(ks, req.seqs, gen_lens, sampling, generator, policy.stop_below)
+        req.draft_calls += d.steps
+        req.draft_s += d.seconds
+        return d.tokens, d.probs, d.seconds
+
+    def _verify(self, req: Request, cache, enc: EncoderOutput | None, drafts: list[list[int]], gen_lens: list[int],
+                rules: Rules, options: DecodeOptions) -> Verified:
+        """One main pass over each row's pending tokens + drafts; the logits from each row's last pending
+        token on, with the rules applied (the same rules as plain decoding, position by position)."""
+        first = req.rounds == 1 and options.logits_at is not None  # the prompt's own logits from that index on
+        chunks = [p + dr for p, dr in zip(req.pending, drafts)]
+        need = [len(p) - 1 for p in req.pending]
+        if first:
+            need = [min(n, options.logits_at) for n in need]
+        logits, _ = self.main.forward(chunks, cache, enc, self.pad_id, need_from=need)
+        if first:
+            req.prompt_logits = logits[:, options.logits_at].clone()
+        req.main_calls += 1
+        width = max(len(dr) for dr in drafts) + 1
+        # each live row's logits from its last pending token on: (B, width, V), -inf past its drafts
+        counts = [0 if req.done[b] else len(dr) + 1 for b, dr in enumerate(drafts)]
+        sel = gather_rows(logits, [max(len(p) - 1, 0) for p in req.pending], counts, width)
+        # gen_len per position, a host tensor: the rules decide on the host (apply_rules)
+        lens = torch.tensor([[g + j if j < c else PAD_GEN_LEN for j in range(width)] for g, c in zip(gen_lens, counts)],
+                            device="cpu")
+        prefixes = None
+        if rules.needs_prefix:
+            prefixes = [[req.seqs[b] + dr[:j] for j in range(len(dr) + 1)] for b, dr in enumerate(drafts)]
+        apply_rules(rules, sel, lens, options.max_new_tokens, prefixes)
+        return Verified(logits, sel, counts, width)
+
+    def _accept(self, req: Request, verified: Verified, drafts: list[list[int]], qs: list | None, gen_lens: list[int],
+                rules: Rules, options: DecodeOptions, sampling: Sampling | None,
+                generator) -> tuple[list[int], list[list[int]]]:
+        """Per row: the drafts accepted and the tokens emitted (accepted drafts + the main model's own next
+        token, cut at an end of sequence or max_new_tokens; ``verify.py``'s rules), the rows that finished
+        marked, the tokens' log-probabilities added."""
+        sel, rows = verified.sel, len(req.alive)
+        accepted, emitted = [0] * rows, [[] for _ in range(rows)]
+        best_lp = None
+        if sampling is None and row_ops.indexed(sel.device):  # the argmax and its log-probability everywhere: one read
+            best, best_lp = verify.argmax_logprobs(sel)
+        elif sampling is None:  # a CPU (reads cost nothing): the argmax now, log-probabilities of emitted tokens below
+            best = torch.argmax(sel, dim=-1).tolist()
+        for b, dr in enumerate(drafts):
+            if req.done[b]:
+                continue
+            room = options.max_new_tokens - gen_lens[b]
+            if sampling is None:
+                n = verify.accepted_prefix(dr, best[b])
+                emitted[b], req.done[b] = verify.truncate(dr[:n] + [best[b][n]], rules.eos, room)
+            else:
+                row_logits = sel[b, : len(dr) + 1]
+                n, nxt = verify.accept_sampling(dr, qs[b] if qs else [None] * len(dr), row_logits, sampling, generator)
+                emitted[b], req.done[b] = verify.truncate(dr[:n] + [nxt], rules.eos, room)
+                req.logprobs[req.alive[b]] = verify.add_logprobs(req.logprobs[req.alive[b]], row_logits, emitted[b])
+            accepted[b] = n
+            req.hist[n] += 1
+            req.drafted += len(dr)
+            req.accepted += n
+        if sampling is None:
+            if best_lp is None:
+                best_lp = verify.logprobs_at(sel, best, [len(e) for e in emitted])
+            for b, e in enumerate(emitted):
+                for value in best_lp[b][: len(e)]:  # in order, one token at a time (add_logprobs)
+                    req.logprobs[req.alive[b]] += value
+        return accepted, emitted
+
+    def _commit(self, req: Request, cache, verified: Verified, accepted: list[int], emitted: list[list[int]]) -> None:
+        """The main cache keeps each row's pending tokens and accepted drafts (the rest become holes or are
+        written again); the emitted tokens join the rows' sequences, the last one pending for the next pass."""
+        n = verified.logits.shape[1]
+        kept = [0 if verified.counts[b] == 0 else len(p) + accepted[b] for b, p in enumerate(req.pending)]
+        keep = from_host([[j < k for j in range(n)] for k in kept], torch.bool, verified.logits.device)
+        cache.commit(keep, kept)
+        for b, new in enumerate(emitted):
+            req.seqs[b].extend(new)
+            req.out[req.alive[b]].extend(new)
+            req.pending[b] = [] if req.done[b] else [new[-1]]
+
+    def _shrink(self, req: Request, cache, enc: EncoderOutput | None, drafter, policy) -> EncoderOutput | None:
+        """Finished rows leave the batch once they are a quarter of it (each removal copies the caches),
+        unless the main decoder keeps its shapes fixed for the whole request (whisper.WhisperDecoder).
+        Returns the encoder output of the rows kept."""
+        n_done = sum(req.done)
+        if not n_done or all(req.done) or 4 * n_done < len(req.alive) or self.main.fixed_batch:
+            return enc
+        keep_rows = [b for b, f in enumerate(req.done) if not f]
+        req.alive, req.seqs = [req.alive[b] for b in keep_rows], [req.seqs[b] for b in keep_rows]
+        req.done = [False] * len(keep_rows)
+        req.prompt_lens = [req.prompt_lens[b] for b in keep_rows]
+        req.pending = [req.pending[b] for b in keep_rows]
+        index = from_host(keep_rows, torch.long, self.main.device)
+        cache.select(index, keep_rows)
+        if drafter is not None:
+            drafter.select(keep_rows)
+        policy.select(keep_rows)
+        return enc.select(index) if enc is not None else None
