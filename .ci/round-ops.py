@@ -7,7 +7,9 @@ static caches and graphs run eagerly (``graphs = "eager"``: the same buffers and
 row copies by index (``rows.indexed``), the assistant in float32 without int8 (its kernels are CPU ones).
 A graph's body is not counted (``graphs.PassGraph.__call__`` pauses the count while it runs); the copies
 into its inputs are. The first N speech-real files (default 4), one at a time, greedy, ``--lookahead``
-(default constant:3), after one warm pass; ``--plain`` decodes without the assistant. Prints operations a
+(default constant:3), after one warm pass, with the logits at <|startoftranscript|> as a transcription's first
+window asks for them (Whisper's no-speech check; ``--no-speech-off``: without, so the prompt goes through
+the prompt pass); ``--plain`` decodes without the assistant. Prints operations a
 round and, with ``--where``, the 30 busiest Python lines of the engine.
 
     .venv/bin/python .ci/round-ops.py [--files N] [--lookahead constant:3] [--plain] [--where]
@@ -43,6 +45,7 @@ parser.add_argument("--files", type=int, default=4)
 parser.add_argument("--lookahead", default="constant:3")
 parser.add_argument("--plain", action="store_true")
 parser.add_argument("--where", action="store_true")
+parser.add_argument("--no-speech-off", action="store_true", help="decode without the no-speech check's logits")
 args = parser.parse_args()
 
 torch.set_num_threads(1)
@@ -58,7 +61,10 @@ engine = AssistedDecoder(main, None if args.plain else model_drafter(lean, share
 prompt = runner.prompt("en", "transcribe", False)
 options = TranscribeOptions(device=resolve_device("cpu"))
 rules = runner.rules(len(prompt), False, options.max_new_tokens)
-decode = DecodeOptions(max_new_tokens=options.max_new_tokens, policy=parse_policy(args.lookahead))
+# as a transcription's first window decodes: with Whisper's no-speech check (the logits at <|startoftranscript|>)
+sot = prompt.index(loaded.main_model.generation_config.decoder_start_token_id)
+decode = DecodeOptions(max_new_tokens=options.max_new_tokens, policy=parse_policy(args.lookahead),
+                       logits_at=None if args.no_speech_off else sot)
 encoded = [runner.encode_windows([load_audio(i["audio_path"]).astype(np.float32)])[0]
            for i in read_manifest("speech-real")[: args.files]]
 

@@ -96,8 +96,9 @@ class DraftLoop:
         tok = col if vocab is None else vocab[col]
         self.drafts.index_copy_(1, self.step, tok[:, None])
         self.drafting.index_copy_(1, self.step, self.alive[:, None])
-        # a row stops after its last allowed draft, an end of sequence or (confidence) an unlikely token
-        going = (self.step + 1 < self.room) & (tok != eos if isinstance(eos, int) else ~torch.isin(tok, eos))
+        # a row stops after its last allowed draft, an end of sequence or (confidence) an unlikely token (several
+        # end ids: a broadcast comparison, where torch.isin may sort and synchronise inside a graph)
+        going = (self.step + 1 < self.room) & (tok != eos if isinstance(eos, int) else (tok[:, None] != eos).all(dim=-1))
         if confidence:  # compared in float64, as the host loop compares its Python float
             p = torch.softmax(nxt[:, 0], dim=-1).gather(-1, col[:, None])[:, 0].double()
             going = going & ~(p < self.threshold)

@@ -78,7 +78,8 @@ class LeanDecoder(Decoder):
     def fused_step(self, cache: StaticDraftCache, key: tuple, then, inputs: tuple[torch.Tensor, torch.Tensor] | None = None):
         """The step over ``cache`` followed by ``then(logits (B, n, V'), real (B, n)) -> output`` as one
         ``graphs.PassGraph`` (captured on CUDA; "eager": the same buffers, run eagerly), kept with the cache
-        under ``key`` = (kind, width, ...): the key names everything ``then`` bakes in. ``inputs``: the
+        under ``key`` = (kind, width, ...): the key names everything ``then`` bakes in that may change between
+        requests (the decoder's own, e.g. its draft vocabulary, is the same for every cache of its pool). ``inputs``: the
         (ids, real) buffers it reads (default new ones of the key's width, copied into at each call); the
         caller makes sure its warm-up runs change nothing (``draft_loop.DraftLoop.resting``)."""
         graph = cache.fused.get(key)
