@@ -8,7 +8,7 @@ k + 1 a row); every later step feeds each row its own last draft. After step j, 
     nxt            = rules(nxt)                                   suppressed columns -inf (the rules of
                                                                   the first tokens: on the host, below)
     tok[b]         = vocab[argmax nxt[b]]                         (vocab: the draft head's column -> id)
-    drafts[:, j]   = tok,  drafting[:, j] = alive                 alive: rows whose step-j token is a draft
+    chosen[:, j]   = tok, alive                                   alive: rows whose step-j token is a draft
     alive[b]      &= (j + 1 < room[b]) & (tok[b] != eos)  [& softmax(nxt[b])[tok] >= stop_below]
 
 and step j + 1 feeds (tok, alive). The host learns that no row is alive from a flag read behind an event
@@ -43,7 +43,8 @@ class DraftLoop:
 
         ids (B, 1) long, alive (B,) bool: the next one-token step's input (each row's last draft; whether it drafts)
         room (B,) long: the drafts each row may take this round;  step (1,) long: the step being run (j)
-        drafts (B, steps) long, drafting (B, steps) bool: the token of every step and whether it is a draft
+        chosen (2, B, steps) long: [0] the token of every step, [1] whether it is a draft (1) or not (0),
+                together so that the round's end reads them in one copy
         running (1,) bool: whether any row is alive;  threshold (1,) float64: stop_below, when drafting by confidence
 
     A static draft cache keeps one (its graphs read these addresses); a ragged cache's round makes its own."""
@@ -54,8 +55,7 @@ class DraftLoop:
         self.alive = torch.zeros(rows, dtype=torch.bool, device=device)
         self.room = torch.zeros(rows, dtype=torch.long, device=device)
         self.step = torch.zeros(1, dtype=torch.long, device=device)
-        self.drafts = torch.zeros(rows, steps, dtype=torch.long, device=device)
-        self.drafting = torch.zeros(rows, steps, dtype=torch.bool, device=device)
+        self.chosen = torch.zeros(2, rows, steps, dtype=torch.long, device=device)
         self.running = torch.zeros(1, dtype=torch.bool, device=device)
         self.threshold = torch.zeros(1, dtype=torch.float64, device=device)
         self.rows = torch.arange(rows, device=device)
@@ -72,7 +72,7 @@ class DraftLoop:
     def resting(self):
         """No row alive meanwhile, then the state as it was: a graph's warm-up runs (``graphs.PassGraph``)
         over the loop's buffers then write the scratch slot only and commit nothing."""
-        buffers = (self.ids, self.alive, self.room, self.step, self.drafts, self.drafting, self.running)
+        buffers = (self.ids, self.alive, self.room, self.step, self.chosen, self.running)
         saved = [t.clone() for t in buffers]
         self.alive.zero_()
         self.step.zero_()  # warm-ups write the first columns (the state is put back after)
@@ -94,8 +94,7 @@ class DraftLoop:
         constrain(nxt)
         col = torch.argmax(nxt[:, 0], dim=-1)
         tok = col if vocab is None else vocab[col]
-        self.drafts.index_copy_(1, self.step, tok[:, None])
-        self.drafting.index_copy_(1, self.step, self.alive[:, None])
+        self.chosen.index_copy_(2, self.step, torch.stack([tok, self.alive.long()])[:, :, None])
         # a row stops after its last allowed draft, an end of sequence or (confidence) an unlikely token (several
         # end ids: a broadcast comparison, where torch.isin may sort and synchronise inside a graph)
         going = (self.step + 1 < self.room) & (tok != eos if isinstance(eos, int) else (tok[:, None] != eos).all(dim=-1))
@@ -110,7 +109,7 @@ class DraftLoop:
 
     def read(self, steps: int) -> list[list[int]]:
         """The drafts of each row over the round's first ``steps`` steps (one read)."""
-        values, flags = torch.stack([self.drafts[:, :steps], self.drafting[:, :steps].long()]).tolist()
+        values, flags = self.chosen[:, :, :steps].tolist()
         return [[t for t, f in zip(v, g) if f] for v, g in zip(values, flags)]
 
 
