@@ -41,7 +41,8 @@ MIN_STEPS = 16  # the draft steps a loop's buffers hold at least (a longer round
 class DraftLoop:
     """A round's state on the device for ``rows`` rows and up to ``steps`` draft steps (module docstring):
 
-        ids (B, 1) long, alive (B,) bool: the next one-token step's input (each row's last draft; whether it drafts)
+        ids (B, 1) long, alive (B,) bool: the next one-token step's input (each row's last draft; whether it drafts;
+                ``real``: alive as (B, 1), a view, the step's real-token flags)
         room (B,) long: the drafts each row may take this round;  step (1,) long: the step being run (j)
         chosen (2, B, steps) long: [0] the token of every step, [1] whether it is a draft (1) or not (0),
                 together so that the round's end reads them in one copy
@@ -53,6 +54,7 @@ class DraftLoop:
         self.steps = steps
         self.ids = torch.zeros(rows, 1, dtype=torch.long, device=device)
         self.alive = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.real = self.alive.view(rows, 1)
         self.room = torch.zeros(rows, dtype=torch.long, device=device)
         self.step = torch.zeros(1, dtype=torch.long, device=device)
         self.chosen = torch.zeros(2, rows, steps, dtype=torch.long, device=device)
@@ -151,6 +153,10 @@ def draft_on_device(decoder, cache, enc: EncoderOutput | None, rules: Rules, max
     def finish(logits: torch.Tensor, real: torch.Tensor, constrain) -> torch.Tensor:
         return loop.choose(logits, real, constrain, vocab, eos, stop_below is not None)
 
+    def commit_and_finish(logits: torch.Tensor, real: torch.Tensor) -> torch.Tensor:  # a fused graph's epilogue
+        cache.commit(real)
+        return finish(logits, real, fixed_rules)
+
     probe = StillRunning(device)
     ids, real = cache.tensors_of(feeds, pad_id)
     counts = [len(f) for f in feeds]
@@ -161,11 +167,9 @@ def draft_on_device(decoder, cache, enc: EncoderOutput | None, rules: Rules, max
         fixed = fixed_from is not None and min(g + j for g, r in zip(gen_lens, room) if j < r) >= fixed_from
         if fixed and decoder.fuses(ids, cache, enc):
             key = ("feed" if j == 0 else "step", ids.shape[1], rules.suppress, rules.eos, stop_below is not None)
-            inputs = None if j == 0 else (loop.ids, loop.alive.view(rows, 1))
-            with contextlib.ExitStack() as resting:
-                if key not in cache.fused:
-                    resting.enter_context(loop.resting())
-                step = decoder.fused_step(cache, key, lambda lg, r: (cache.commit(r), finish(lg, r, fixed_rules))[1], inputs)
+            inputs = None if j == 0 else (loop.ids, loop.real)
+            with contextlib.nullcontext() if key in cache.fused else loop.resting():
+                step = decoder.fused_step(cache, key, commit_and_finish, inputs)
             running = step(ids, real) if j == 0 else step()
         else:
             logits, _ = decoder.forward_ids(ids, real, cache, enc)
@@ -173,6 +177,6 @@ def draft_on_device(decoder, cache, enc: EncoderOutput | None, rules: Rules, max
             running = finish(logits, real, fixed_rules if fixed else host_rules(j))
         taken += 1
         probe.post(running)
-        ids, real = loop.ids, loop.alive.view(rows, 1)  # the next step feeds each row its own token
+        ids, real = loop.ids, loop.real  # the next step feeds each row its own token
         counts = [0] * rows  # fed on the device: counted by the caller, once read
     return loop.read(taken), taken

@@ -147,9 +147,12 @@ class FixedShapeDecoder(Decoder):
         self._begin(cache, enc)
         if max(need):  # the prompt pass: tokens 0 .. need[b] - 1 of every row, width max(need)
             self._layers(*self._tile(chunks, [0] * batch, need, max(need), cache.next_pos, pad_id), cache)
-        logits = None
         width = cache.width
         passes = max(-(-(len(c) - m) // width) for c, m in zip(chunks, need))
+        # one pass from column 0 (a plain step, a verify pass of up to width - 1 drafts): a token's column is its
+        # chunk index, so the pass's output is the logits, without a copy
+        whole = passes == 1 and not max(need)
+        logits = None if whole else torch.zeros(batch, n, self.head_weight.shape[0], device=device)
         for i in range(passes):  # pass i: tokens need + i W ... need + (i + 1) W - 1 of every row
             first = [m + i * width for m in need]
             count = [max(0, min(width, len(c) - f)) for c, f in zip(chunks, first)]
@@ -159,15 +162,9 @@ class FixedShapeDecoder(Decoder):
             else:  # static writes: every column writes a slot (padding the scratch one); replayed with graphs
                 out = self._graph_of(cache, batch)(ids, positions, self._static_slots(positions, where, cache.scratch))
             out = out.view(batch, width, -1)
-            if passes == 1 and not max(need):
-                # one pass from column 0 (a plain step, a verify pass of up to width - 1 drafts): a token's column
-                # is its chunk index, so the pass's output is the logits, without a copy
+            if whole:
                 return out[:, :n], real
-            if logits is None:
-                logits = torch.zeros(batch, n, self.head_weight.shape[0], device=device)
             scatter_rows(logits, out, where)  # each real token's logits to its chunk index
-        if logits is None:
-            logits = torch.zeros(batch, n, self.head_weight.shape[0], device=device)
         return logits, real
 
     def _tile(self, chunks: list[list[int]], first: list[int], count: list[int], width: int, next_pos: list[int],

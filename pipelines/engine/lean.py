@@ -59,21 +59,18 @@ class LeanDecoder(Decoder):
         """Float32 logits (B, n, V') for the token ids (B, n) on the device and their real-token flags (B, n)
         (``Decoder.forward_ids``). On a static cache a chunk of one of ``FEED_WIDTHS`` columns (a draft step,
         a round's padded first feed) whose cross-attention is in place replays the cache's captured step."""
-        if self._replays(ids, cache, enc):
+        if self.fuses(ids, cache, enc):
             step = cache.step(lambda i, r: self._run_step(i, r, cache, None)[0], capture=self.graphs == "capture",
                               width=ids.shape[1])
             return step(ids, real), real
         return self._run_step(ids, real, cache, enc)
 
-    def _replays(self, ids: torch.Tensor, cache, enc: EncoderOutput | None) -> bool:
-        """A chunk of one of ``FEED_WIDTHS`` columns on a static cache whose cross-attention is in place."""
+    def fuses(self, ids: torch.Tensor, cache, enc: EncoderOutput | None) -> bool:
+        """Whether a step over ``ids`` replays a graph, alone (``forward_ids``) or with its epilogue
+        (``fused_step``): a chunk of one of ``FEED_WIDTHS`` columns on a static cache whose cross-attention
+        is in place."""
         return (isinstance(cache, StaticDraftCache) and ids.shape[1] in FEED_WIDTHS and not cache.needs_cross()
                 and (enc is None or enc.mask is None))
-
-    def fuses(self, ids: torch.Tensor, cache, enc: EncoderOutput | None) -> bool:
-        """Whether a step over ``ids`` and its epilogue run as one graph (``fused_step``): where the step alone
-        replays one (``forward_ids``)."""
-        return self._replays(ids, cache, enc)
 
     def fused_step(self, cache: StaticDraftCache, key: tuple, then, inputs: tuple[torch.Tensor, torch.Tensor] | None = None):
         """The step over ``cache`` followed by ``then(logits (B, n, V'), real (B, n)) -> output`` as one
