@@ -148,7 +148,11 @@ class Verified:
     logits: torch.Tensor
     sel: torch.Tensor
     counts: list[int]
-    width: int
+
+    @property
+    def width(self) -> int:
+        """Positions a row holds in ``sel``: the most drafts this round + 1."""
+        return self.sel.shape[1]
 
 
 class AssistedDecoder:
@@ -265,7 +269,7 @@ class AssistedDecoder:
         if rules.needs_prefix:
             prefixes = [[req.seqs[b] + dr[:j] for j in range(len(dr) + 1)] for b, dr in enumerate(drafts)]
         apply_rules(rules, sel, lens, options.max_new_tokens, prefixes)
-        return Verified(logits, sel, counts, width)
+        return Verified(logits, sel, counts)
 
     def _accept(self, req: Request, verified: Verified, drafts: list[list[int]], qs: list | None, gen_lens: list[int],
                 rules: Rules, options: DecodeOptions, sampling: Sampling | None,
