@@ -10,9 +10,10 @@ into its inputs are. The first N speech-real files (default 4), one at a time, g
 (default constant:3), after one warm pass, with the logits at <|startoftranscript|> as a transcription's first
 window asks for them (Whisper's no-speech check; ``--no-speech-off``: without, so the prompt goes through
 the prompt pass); ``--plain`` decodes without the assistant. Prints operations a
-round and, with ``--where``, the 30 busiest Python lines of the engine.
+round and, with ``--where``, the 30 busiest Python lines of the engine (``--ops``: the 60 busiest lines and
+operations).
 
-    .venv/bin/python .ci/round-ops.py [--files N] [--lookahead constant:3] [--plain] [--where]
+    .venv/bin/python .ci/round-ops.py [--files N] [--lookahead constant:3] [--plain] [--where [--ops]]
 """
 import argparse
 import sys
@@ -45,6 +46,7 @@ parser.add_argument("--files", type=int, default=4)
 parser.add_argument("--lookahead", default="constant:3")
 parser.add_argument("--plain", action="store_true")
 parser.add_argument("--where", action="store_true")
+parser.add_argument("--ops", action="store_true", help="with --where: each line's operations by name")
 parser.add_argument("--no-speech-off", action="store_true", help="decode without the no-speech check's logits")
 args = parser.parse_args()
 
@@ -68,7 +70,7 @@ decode = DecodeOptions(max_new_tokens=options.max_new_tokens, policy=parse_polic
 encoded = [runner.encode_windows([load_audio(i["audio_path"]).astype(np.float32)])[0]
            for i in read_manifest("speech-real")[: args.files]]
 
-show_sites = args.where  # (``args`` is a parameter name below)
+show_sites, show_ops = args.where, args.ops  # (``args`` is a parameter name below)
 counting = {"on": False, "ops": 0}
 sites: Counter = Counter()
 
@@ -79,7 +81,8 @@ class CountOps(TorchDispatchMode):
             counting["ops"] += 1
             if show_sites:
                 frames = [f for f in traceback.extract_stack(limit=40) if "/pipelines/" in f.filename]
-                sites[f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else "?"] += 1
+                site = f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else "?"
+                sites[f"{site} {func.__name__}" if show_ops else site] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -108,5 +111,5 @@ with CountOps():
 what = "plain" if args.plain else args.lookahead
 print(f"{len(encoded)} speech-real files, {what}: {rounds} rounds, {tokens} tokens, {counting['ops']} operations, "
       f"{counting['ops'] / rounds:.1f} a round")
-for site, n in sites.most_common(30):
+for site, n in sites.most_common(60 if args.ops else 30):
     print(f"  {n / rounds:6.1f} a round  {site}")

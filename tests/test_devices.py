@@ -100,8 +100,8 @@ def test_the_transcribe_summary_names_dtype_and_device(registry):
 
 
 # Tensor factories that must say where: in the engine every new tensor is created on its model's (or its
-# logits') device. Exempt: FixedShapeDecoder._tile builds a pass's ids and positions on the host, and the
-# subclass moves them in one copy; int8 quantization runs on a CPU only.
+# logits') device. Exempt: FixedShapeDecoder._tile builds a pass's ids, positions and slots on the host, moved in
+# one copy; int8 quantization runs on a CPU only.
 FACTORIES = {"tensor", "zeros", "ones", "full", "empty", "arange", "eye", "rand", "randn", "randint", "as_tensor"}
 HOST_BUILT = {("fixed.py", "_tile"), ("lean.py", "__init__")}
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 
 from .fixed import FixedCache, FixedShapeDecoder
-from .rows import to_device
 
 FAMILIES = ("qwen2", "llama", "mistral")
 WIDTH = 4  # columns per pass: a 1.5B model's step reads ~3 GB of bfloat16 weights, about the same for 1 or 4 columns
@@ -70,10 +69,10 @@ class FixedCausalDecoder(FixedShapeDecoder):
         return self.make_cache(len(self.inner.layers), batch, slots, self.kv_heads, self.head_dim, self.width)
 
     def _layers(self, ids: torch.Tensor, positions: torch.Tensor, write, cache: FixedCache) -> torch.Tensor:
-        """The decoder layers over one tile (B, w): hidden states (B, w, D) after the final norm. The tile's
-        keys and values are written to their slots (``writer``) before attention reads the cache."""
+        """The decoder layers over one tile of ids and positions (B, w) on the device: hidden states (B, w, D)
+        after the final norm. The tile's keys and values are written to their slots (``writer``) before attention
+        reads the cache."""
         device = self.device
-        ids, positions = to_device(ids, device), to_device(positions, device)
         batch, w = ids.shape
         group = self.heads // self.kv_heads
         store = self.writer(positions, write)

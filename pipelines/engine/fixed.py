@@ -39,7 +39,7 @@ from .decoders import Decoder
 from .graphs import GraphPool, PassGraph, Pooled, graphs_enabled
 from .rows import from_host, scatter_rows, to_device
 
-Tile = tuple[torch.Tensor, torch.Tensor, list[tuple[int, int, int]]]  # ids (B, w), positions (B, w), where
+Tile = tuple[torch.Tensor, list[tuple[int, int, int]]]  # ids, positions and slots (3, B, w) on the host; where
 
 
 class FixedCache(Pooled):
@@ -136,17 +136,19 @@ class FixedShapeDecoder(Decoder):
     def forward(self, chunks: list[list[int]], cache: FixedCache, enc: EncoderOutput | None, pad_id: int,
                 need_from: list[int] | None = None):
         """Logits (B, n, V) float32 on the model's device for ``chunks`` (one list of new tokens per row, n the
-        longest), and the real-token flags (B, n). ``need_from[b]``: the first chunk token whose logits the caller reads;
+        longest), and the real-token flags (B, n) on the host. ``need_from[b]``: the first chunk token whose logits the caller reads;
         tokens before it go through the prompt pass, without the head. A row's columns past its chunk and before
         its ``need_from`` hold no logits of its tokens (zeros; or, where one pass covers every row's chunk from
         column 0, that pass's output for the padding, returned as it is: read it before the next call)."""
         batch, n = len(chunks), max(1, max(len(c) for c in chunks))
         device = self.head_weight.device
-        real = from_host([[j < len(c) for j in range(n)] for c in chunks], torch.bool, device)
+        real = torch.tensor([[j < len(c) for j in range(n)] for c in chunks], dtype=torch.bool, device="cpu")
         need = [min(max(0, f), len(c)) for f, c in zip(need_from or [0] * batch, chunks)]
         self._begin(cache, enc)
         if max(need):  # the prompt pass: tokens 0 .. need[b] - 1 of every row, width max(need)
-            self._layers(*self._tile(chunks, [0] * batch, need, max(need), cache.next_pos, pad_id), cache)
+            tile, where = self._tile(chunks, [0] * batch, need, max(need), cache.next_pos, pad_id, cache.scratch)
+            tile = to_device(tile, device)
+            self._layers(tile[0], tile[1], where, cache)
         width = cache.width
         passes = max(-(-(len(c) - m) // width) for c, m in zip(chunks, need))
         # one pass from column 0 (a plain step, a verify pass of up to width - 1 drafts): a token's column is its
@@ -156,11 +158,12 @@ class FixedShapeDecoder(Decoder):
         for i in range(passes):  # pass i: tokens need + i W ... need + (i + 1) W - 1 of every row
             first = [m + i * width for m in need]
             count = [max(0, min(width, len(c) - f)) for c, f in zip(chunks, first)]
-            ids, positions, where = self._tile(chunks, first, count, width, cache.next_pos, pad_id)
+            tile, where = self._tile(chunks, first, count, width, cache.next_pos, pad_id, cache.scratch)
             if cache.scratch is None:
-                out = self._head(self._layers(ids, positions, where, cache)).float()
+                tile = to_device(tile, device)  # one copy
+                out = self._head(self._layers(tile[0], tile[1], where, cache)).float()
             else:  # static writes: every column writes a slot (padding the scratch one); replayed with graphs
-                out = self._graph_of(cache, batch)(ids, positions, self._static_slots(positions, where, cache.scratch))
+                out = self._graph_of(cache, batch)(tile)
             out = out.view(batch, width, -1)
             if whole:
                 return out[:, :n], real
@@ -168,47 +171,40 @@ class FixedShapeDecoder(Decoder):
         return logits, real
 
     def _tile(self, chunks: list[list[int]], first: list[int], count: list[int], width: int, next_pos: list[int],
-              pad_id: int) -> Tile:
-        """One pass of ``width`` columns: row b holds its chunk tokens first[b] ... first[b] + count[b] - 1 from
-        column 0 at their true positions, padding after. ``where`` lists (row, column, chunk index) of the
-        real tokens (only they write keys and values)."""
-        ids = torch.full((len(chunks), width), pad_id, dtype=torch.long)
-        positions = torch.arange(width).repeat(len(chunks), 1)
-        where = []
+              pad_id: int, scratch: int | None) -> Tile:
+        """One pass of ``width`` columns, built on the host from lists (one tensor, one copy to the device):
+        row b holds its chunk tokens first[b] ... first[b] + count[b] - 1 from column 0 at their true positions,
+        padding after. ``tile`` (3, B, w) long: [0] the ids, [1] the positions, [2] the slot each column writes
+        (static writes: its position for a real token, ``scratch`` for padding; else unused, the positions).
+        ``where`` lists (row, column, chunk index) of the real tokens (only they write keys and values)."""
+        ids, positions, slots, where = [], [], [], []
+        last = self.max_positions - 1
         for b, (c, f, m, start) in enumerate(zip(chunks, first, count, next_pos)):
-            if m <= 0:
-                continue
-            positions[b] = torch.arange(start + f, start + f + width).clamp(max=self.max_positions - 1)
-            ids[b, :m] = torch.tensor(c[f : f + m], dtype=torch.long)
+            m = max(0, m)
+            ids.append(c[f : f + m] + [pad_id] * (width - m))
+            positions.append([min(start + f + j, last) for j in range(width)] if m else list(range(width)))
+            slots.append(positions[-1] if scratch is None else positions[-1][:m] + [scratch] * (width - m))
             where += [(b, col, f + col) for col in range(m)]
-        return ids, positions, where
+        return torch.tensor([ids, positions, slots], dtype=torch.long), where
 
     def _graph_of(self, cache: FixedCache, batch: int) -> PassGraph:
-        """The cache's full-width pass, captured on first use (before any real pass of that width)."""
+        """The cache's full-width pass over a ``_tile`` (3, B, w) on the device, captured on first use (before
+        any real pass of that width)."""
         if cache.graph is None:
-            def run(ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-                return self._head(self._layers(ids, positions, slots, cache)).float()
+            def run(tile: torch.Tensor) -> torch.Tensor:
+                return self._head(self._layers(tile[0], tile[1], tile[2], cache)).float()
 
-            shape, device = (batch, cache.width), self.device
-            inputs = (torch.zeros(shape, dtype=torch.long, device=device), torch.zeros(shape, dtype=torch.long, device=device),
-                      torch.full(shape, cache.scratch, dtype=torch.long, device=device))  # ids, positions, slots: warm-up writes scratch only
-            cache.graph = PassGraph(run, inputs, device, capture=self.graphs == "capture")
+            tile = torch.zeros(3, batch, cache.width, dtype=torch.long, device=self.device)
+            tile[2] = cache.scratch  # ids, positions, slots: warm-up writes scratch only
+            cache.graph = PassGraph(run, (tile,), self.device, capture=self.graphs == "capture")
         return cache.graph
-
-    @staticmethod
-    def _static_slots(positions: torch.Tensor, where: list[tuple[int, int, int]], scratch: int) -> torch.Tensor:
-        """(B, w) host tensor: the slot each column writes, its true position for a real token, ``scratch`` else."""
-        real = torch.zeros(positions.shape, dtype=torch.bool, device="cpu")  # host-built, as _tile's
-        if where:
-            real[[b for b, _, _ in where], [c for _, c, _ in where]] = True
-        return torch.where(real, positions, scratch)
 
     def writer(self, positions: torch.Tensor, write):
         """``store(buffer, new)``: writes a tile's keys or values ``new`` (B, H, w, Dh) into ``buffer`` (B, H, S, Dh).
         ``write``: the tile's ``where`` (only real tokens write, at their positions) or a (B, w) slot per column
-        (static writes: a fixed shape, padding columns to the scratch slot)."""
+        on the device (static writes: a fixed shape, padding columns to the scratch slot)."""
         if isinstance(write, torch.Tensor):
-            slots = to_device(write, positions.device)
+            slots = write
             rows = torch.arange(slots.shape[0], device=positions.device)[:, None]
 
             def store(buffer: torch.Tensor, new: torch.Tensor) -> None:

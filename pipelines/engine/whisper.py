@@ -19,7 +19,6 @@ from .decoders import Decoder, EncoderOutput
 from .draft_cache import StaticDraftCache
 from .fixed import FixedCache, FixedShapeDecoder
 from .lean import LeanDecoder, Linear, int8_available  # noqa: F401  (int8_available: re-exported for tests)
-from .rows import to_device
 
 
 @dataclass(frozen=True)
@@ -136,10 +135,10 @@ class WhisperDecoder(FixedShapeDecoder):
         return t.view(t.shape[0], t.shape[1], self.heads, -1).transpose(1, 2).contiguous()
 
     def _layers(self, ids: torch.Tensor, positions: torch.Tensor, write, cache: FixedCache) -> torch.Tensor:
-        """The decoder layers over one tile (B, w): hidden states (B, w, D) after the final layer norm. The
-        tile's keys and values are written to their slots (``writer``) before attention reads the cache."""
+        """The decoder layers over one tile of ids and positions (B, w) on the device: hidden states (B, w, D)
+        after the final layer norm. The tile's keys and values are written to their slots (``writer``) before
+        attention reads the cache."""
         dec, device = self.decoder, self.device
-        ids, positions = to_device(ids, device), to_device(positions, device)
         store = self.writer(positions, write)
         # allowed[b, 0, c, s] = s <= position of column c: a query sees the slots up to its own position
         allowed = (torch.arange(cache.slot_count, device=device)[None, None, :] <= positions[:, :, None])[:, None]
