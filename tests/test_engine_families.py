@@ -273,6 +273,12 @@ def test_row_copies_per_row_and_by_index_are_the_same():
             scatter_rows(target, a, where, by_index=way)
         assert torch.equal(targets[0], targets[1])
         assert all(torch.equal(targets[0][r, j], logits[r, j]) for r, _, j in where)
+        # every row the same columns: a view, the same values as a copy
+        start = starts[0] if len(set(starts)) == 1 and starts[0] < n else 0
+        full = n - start
+        view = gather_rows(logits, [start] * batch, [full] * batch, full)
+        copy = gather_rows(logits, [start] * batch, [full] * batch, full + 1, by_index=True)[:, :full]
+        assert view.data_ptr() == logits[:, start:].data_ptr() and torch.equal(view, copy)
 
 
 def test_static_draft_cache_computes_the_ragged_caches_logits():

@@ -86,6 +86,10 @@ class RaggedCache:
         self.next_pos = self.next_pos + keep.sum(dim=1)
         self._real = None if counts is None or self._real is None else [r + c for r, c in zip(self._real, counts)]
 
+    def commit_prefix(self, kept: list[int], n: int) -> None:
+        """``commit`` of a chunk of ``n`` slots whose first ``kept[b]`` hold accepted tokens in row b."""
+        self.commit(from_host([[j < k for j in range(n)] for k in kept], torch.bool, self.valid.device), kept)
+
     def write(self, kv, keys: torch.Tensor, values: torch.Tensor) -> None:
         """A lean drafter's chunk of keys and values (B, heads, n, Dh) after the layer's cached ones (``kv``: a
         ``LeanCache`` layer; the new slots are those ``plan`` gave the chunk)."""

@@ -313,8 +313,7 @@ class AssistedDecoder:
         written again); the emitted tokens join the rows' sequences, the last one pending for the next pass."""
         n = verified.logits.shape[1]
         kept = [0 if verified.counts[b] == 0 else len(p) + accepted[b] for b, p in enumerate(req.pending)]
-        keep = from_host([[j < k for j in range(n)] for k in kept], torch.bool, verified.logits.device)
-        cache.commit(keep, kept)
+        cache.commit_prefix(kept, n)
         for b, new in enumerate(emitted):
             req.seqs[b].extend(new)
             req.out[req.alive[b]].extend(new)

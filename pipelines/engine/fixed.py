@@ -85,6 +85,11 @@ class FixedCache(Pooled):
         counts = keep.sum(dim=1).tolist() if counts is None else counts
         self.next_pos = [p + n for p, n in zip(self.next_pos, counts)]
 
+    def commit_prefix(self, kept: list[int], n: int) -> None:
+        """``commit`` of a chunk whose first ``kept[b]`` tokens were accepted in row b: only the positions move
+        (no mask to build)."""
+        self.next_pos = [p + k for p, k in zip(self.next_pos, kept)]
+
     def rollback(self, row: int, n: int) -> None:
         """Forget the last ``n`` tokens of ``row`` (their slots are written again by the next tokens)."""
         self.next_pos[row] -= max(0, n)

@@ -63,9 +63,12 @@ def indexed(device: torch.device) -> bool:
 def gather_rows(logits: torch.Tensor, starts: list[int], counts: list[int], width: int,
                 by_index: bool | None = None) -> torch.Tensor:
     """(B, width, V) from ``logits`` (B, n, V): row b holds logits[b, starts[b] : starts[b] + counts[b]] from
-    column 0 and -inf after. ``by_index``: force one way (None: ``indexed``)."""
+    column 0 and -inf after. ``by_index``: force one way (None: ``indexed``). Where every row takes the same
+    ``width`` columns (a verify pass at batch 1, most rounds), a view of ``logits``: no copy."""
     batch, n, vocab = logits.shape
     device = logits.device
+    if len(set(starts)) == 1 and all(c == width for c in counts):
+        return logits[:, starts[0] : starts[0] + width]
     if not (indexed(device) if by_index is None else by_index):
         sel = torch.full((batch, width, vocab), float("-inf"), device=device)
         for b, (s, c) in enumerate(zip(starts, counts)):
