@@ -353,6 +353,14 @@ def test_static_draft_cache_computes_the_ragged_caches_logits():
     strict = dataclasses.replace(rules, min_new_tokens=12, begin_suppress=tuple(refs[0][:1]))
     options = DecodeOptions(max_new_tokens=max_new, policy=PolicyOptions("constant", 3))
     plain = AssistedDecoder(as_decoder(main), None, pad_id=pad).generate(prompts, strict, options)
+    # the main decoder's static path: its graph chooses past the 12th token only (fused_choice), the rules
+    # that read the generated length applied before on the host (else the suppressed first token returns)
+    static_main = as_decoder(main)
+    static_main.graphs = "eager"
+    for drafter in (None, model_drafter(CausalDraftDecoder(near, int8=False), share_encoder=False, pad_id=pad)):
+        r = AssistedDecoder(static_main, drafter, pad_id=pad).generate(prompts, strict, options)
+        assert [list(t) for t in r.tokens] == [list(t) for t in plain.tokens]
+    assert all(c[0].choices for c in static_main._graph_pool.free.values())
     drafts = {}
     for name in ("host", "ragged", "static"):
         helper = CausalDraftDecoder(near, int8=False)

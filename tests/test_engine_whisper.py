@@ -202,13 +202,19 @@ def test_static_writes_and_pooled_caches_keep_outputs_exact(setup):
     static = WhisperDecoder(decoder.model)
     static.graphs = "eager"
     drafter = drafters.get("distilled-lean", drafters["truncated-2l"])
+    logprobs = {}
     for make in (None, drafter):
         engine = AssistedDecoder(static, make, pad_id=EOT)
         options = DecodeOptions(max_new_tokens=MAX_NEW, policy=PolicyOptions("constant", 3))
         for rows in ([0], [1], [0, 1, 2, 3]):
             result = engine.generate([PROMPT] * len(rows), rules, options, encoder_output=enc.select(torch.tensor(rows)))
             assert [_strip_eot(list(t)) for t in result.tokens] == [refs[r] for r in rows]
+            logprobs.setdefault(make is None, []).append(result.sum_logprobs)
+    # past the first token (its suppressions read the generated length) the pass's own graph applies the
+    # suppressed ids and chooses (fixed.FixedShapeDecoder.fused_choice): the same log-probabilities, to the bit
+    assert logprobs[True] == logprobs[False]
     pooled = static._graph_pool.free
+    assert all(list(c[0].choices) == [rules.suppress] for c in pooled.values())
     assert sorted(pooled) == sorted({(1, 448, static.shape.width_for(1)), (4, 448, static.shape.width_for(4))})
     assert all(len(caches) == 1 for caches in pooled.values())  # each lent again, never two of one shape
     cache = pooled[(1, 448, static.shape.width_for(1))][0]

@@ -28,7 +28,7 @@ from .decoders import Decoder, EncoderOutput
 from .drafters import DrafterFactory
 from .policies import CostMemory, PolicyOptions, make_policy
 from .rows import from_host, gather_rows
-from .rules import PAD_GEN_LEN, Rules, Sampling, apply_rules
+from .rules import PAD_GEN_LEN, Rules, Sampling, apply_rules, suppress_only_from
 
 
 @dataclass(frozen=True)
@@ -143,16 +143,19 @@ class Request:
 class Verified:
     """A verify pass: ``logits`` (B, n, V) as the main decoder returned them, ``sel`` (B, width, V) each live
     row's logits from its last pending token on after the rules (-inf past its drafts), ``counts`` the
-    positions of each row in ``sel`` (drafts + 1; 0 for a finished row)."""
+    positions of each row in ``sel`` (drafts + 1; 0 for a finished row). Or, greedy where the main decoder's
+    graph chose (``choice``: ``verify.greedy_choice`` (2, B, >= width) of the pass, the rules applied),
+    ``sel`` None."""
 
     logits: torch.Tensor
-    sel: torch.Tensor
+    sel: torch.Tensor | None
     counts: list[int]
+    choice: torch.Tensor | None = None
 
     @property
     def width(self) -> int:
         """Positions a row holds in ``sel``: the most drafts this round + 1."""
-        return self.sel.shape[1]
+        return max(self.counts, default=0) or 1
 
 
 class AssistedDecoder:
@@ -261,6 +264,10 @@ class AssistedDecoder:
         width = max(len(dr) for dr in drafts) + 1
         # each live row's logits from its last pending token on: (B, width, V), -inf past its drafts
         counts = [0 if req.done[b] else len(dr) + 1 for b, dr in enumerate(drafts)]
+        if not options.do_sample and self._rules_fixed(rules, gen_lens, counts):
+            choice = self.main.fused_choice(cache, logits, rules.suppress)
+            if choice is not None:  # the pass's graph applied the suppression and chose
+                return Verified(logits, None, counts, choice)
         sel = gather_rows(logits, [max(len(p) - 1, 0) for p in req.pending], counts, width)
         # gen_len per position, a host tensor: the rules decide on the host (apply_rules)
         lens = torch.tensor([[g + j if j < c else PAD_GEN_LEN for j in range(width)] for g, c in zip(gen_lens, counts)],
@@ -271,6 +278,13 @@ class AssistedDecoder:
         apply_rules(rules, sel, lens, options.max_new_tokens, prefixes)
         return Verified(logits, sel, counts)
 
+    @staticmethod
+    def _rules_fixed(rules: Rules, gen_lens: list[int], counts: list[int]) -> bool:
+        """Whether the rules do nothing but suppress columns at every position this pass verifies (from each
+        live row's generated length on: ``rules.suppress_only_from``)."""
+        start = suppress_only_from(rules)
+        return start is not None and min((g for g, c in zip(gen_lens, counts) if c), default=0) >= start
+
     def _accept(self, req: Request, verified: Verified, drafts: list[list[int]], qs: list | None, gen_lens: list[int],
                 rules: Rules, options: DecodeOptions, sampling: Sampling | None,
                 generator) -> tuple[list[int], list[list[int]]]:
@@ -280,7 +294,9 @@ class AssistedDecoder:
         sel, rows = verified.sel, len(req.alive)
         accepted, emitted = [0] * rows, [[] for _ in range(rows)]
         best_lp = None
-        if sampling is None and row_ops.indexed(sel.device):  # the argmax and its log-probability everywhere: one read
+        if verified.choice is not None:  # chosen by the pass's graph: one read
+            best, best_lp = verify.read_choice(verified.choice, verified.width)
+        elif sampling is None and row_ops.indexed(sel.device):  # the argmax and its log-probability everywhere: one read
             best, best_lp = verify.argmax_logprobs(sel)
         elif sampling is None:  # a CPU (reads cost nothing): the argmax now, log-probabilities of emitted tokens below
             best = torch.argmax(sel, dim=-1).tolist()

@@ -74,6 +74,11 @@ class Decoder:
         logits = self._forward(ids, positions, additive_mask(allowed, self.dtype), cache.cache, enc)
         return logits.float(), real
 
+    def fused_choice(self, cache, logits: torch.Tensor, suppress: tuple[int, ...]) -> torch.Tensor | None:
+        """Greedy verification's choice from a graph of the pass that returned ``logits`` (a fixed-shape
+        decoder's static cache, ``fixed.FixedShapeDecoder.fused_choice``): not here."""
+        return None
+
     def fuses(self, ids: torch.Tensor, cache, enc: EncoderOutput | None) -> bool:
         """Whether a step over ``ids`` (B, n) and its epilogue run as one graph (``fused_step``; a lean
         drafter's static cache): not here."""

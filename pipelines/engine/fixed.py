@@ -38,6 +38,8 @@ from .cache import EncoderOutput
 from .decoders import Decoder
 from .graphs import GraphPool, PassGraph, Pooled, graphs_enabled
 from .rows import from_host, scatter_rows, to_device
+from .rules import column_index
+from .verify import greedy_choice
 
 Tile = tuple[torch.Tensor, list[tuple[int, int, int]]]  # ids, positions and slots (3, B, w) on the host; where
 
@@ -59,6 +61,7 @@ class FixedCache(Pooled):
         # static writes (graphs.py): padding columns write to one slot past the capacity, which no query sees
         self.scratch: int | None = capacity if scratch else None
         self.graph: PassGraph | None = None  # the captured full-width pass over these buffers
+        self.choices: dict[tuple, PassGraph] = {}  # greedy choices over that pass's output, by suppressed ids
 
     @property
     def slot_count(self) -> int:
@@ -102,7 +105,7 @@ class FixedCache(Pooled):
         """Keep only ``rows`` (an assistant's cache; a fixed-shape main decoder keeps its batch whole)."""
         self.keys = [k.index_select(0, rows) for k in self.keys]
         self.values = [v.index_select(0, rows) for v in self.values]
-        self.graph, self._pool = None, None  # new buffers: a graph of the old ones no longer applies
+        self.graph, self.choices, self._pool = None, {}, None  # new buffers: a graph of the old ones no longer applies
         if self.cross is not None:
             self.cross = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.cross]
         self.next_pos = [self.next_pos[i] for i in (rows.tolist() if host_rows is None else host_rows)]
@@ -203,6 +206,27 @@ class FixedShapeDecoder(Decoder):
             tile[2] = cache.scratch  # ids, positions, slots: warm-up writes scratch only
             cache.graph = PassGraph(run, (tile,), self.device, capture=self.graphs == "capture")
         return cache.graph
+
+    def fused_choice(self, cache: FixedCache, logits: torch.Tensor, suppress: tuple[int, ...]) -> torch.Tensor | None:
+        """Greedy verification of the pass that returned ``logits`` in a graph of its own over the pass graph's
+        output (captured on CUDA, one per cache and suppressed ids): ``verify.greedy_choice`` (2, B, W) of every
+        column after the ``suppress`` columns are set to -inf, what the engine otherwise does eagerly with
+        ``apply_rules`` and ``verify.argmax_logprobs`` (the same operations on each row). None where ``logits``
+        are not that output itself (no static cache, a prompt pass or several passes before)."""
+        graph = cache.graph
+        if graph is None or graph.output is None or logits.data_ptr() != graph.output.data_ptr():
+            return None
+        choice = cache.choices.get(suppress)
+        if choice is None:
+            columns = column_index(None, suppress, self.device) if suppress else None  # made before any capture
+            batch, width = len(cache.next_pos), cache.width
+
+            def run(out: torch.Tensor) -> torch.Tensor:
+                out = out.view(batch, width, -1)
+                return greedy_choice(out if columns is None else out.index_fill(-1, columns, float("-inf")))
+
+            choice = cache.choices[suppress] = PassGraph(run, (graph.output,), self.device, capture=self.graphs == "capture")
+        return choice(graph.output)
 
     def writer(self, positions: torch.Tensor, write):
         """``store(buffer, new)``: writes a tile's keys or values ``new`` (B, H, w, Dh) into ``buffer`` (B, H, S, Dh).

@@ -64,7 +64,8 @@ class PassGraph:
 
     def __call__(self, *args: torch.Tensor) -> torch.Tensor:
         for buffer, value in zip(self.inputs, args):
-            buffer.copy_(value, non_blocking=True)
+            if value is not buffer:  # (a graph reading another's output is given that buffer itself)
+                buffer.copy_(value, non_blocking=True)
         if self.graph is None:
             self.output = self.run(*self.inputs)
         else:

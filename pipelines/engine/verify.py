@@ -39,9 +39,22 @@ def argmax_logprobs(logits: torch.Tensor) -> tuple[list[list[int]], list[list[fl
     """Per row and position of ``logits`` (B, n, V): the argmax id and log softmax(logits)[argmax], read to the
     host together (one synchronisation). The log-probabilities have the bits of ``add_logprobs``' one-row
     log_softmax (a row's log_softmax does not depend on the other rows)."""
+    return read_choice(greedy_choice(logits))
+
+
+def greedy_choice(logits: torch.Tensor) -> torch.Tensor:
+    """(2, B, n) float64 for ``logits`` (B, n, V), on their device: [0] the argmax ids, [1] log softmax(logits)
+    at them (``argmax_logprobs`` before its read; also the epilogue of a main pass's graph,
+    ``fixed.FixedShapeDecoder.fused_choice``, so both give the same bits)."""
     best = torch.argmax(logits, dim=-1)
     values = torch.log_softmax(aligned_rows(logits), dim=-1).gather(-1, best[..., None])[..., 0]
-    ids, lps = torch.stack([best.double(), values.double()]).tolist()
+    return torch.stack([best.double(), values.double()])
+
+
+def read_choice(choice: torch.Tensor, width: int | None = None) -> tuple[list[list[int]], list[list[float]]]:
+    """``greedy_choice``'s ids and log-probabilities per row, of its first ``width`` positions (default all), in
+    one read."""
+    ids, lps = (choice if width is None else choice[:, :, :width]).tolist()
     return [[int(t) for t in row] for row in ids], lps
 
 
