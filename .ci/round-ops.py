@@ -9,11 +9,12 @@ A graph's body is not counted (``graphs.PassGraph.__call__`` pauses the count wh
 into its inputs are. The first N speech-real files (default 4), one at a time, greedy, ``--lookahead``
 (default constant:3), after one warm pass, with the logits at <|startoftranscript|> as a transcription's first
 window asks for them (Whisper's no-speech check; ``--no-speech-off``: without, so the prompt goes through
-the prompt pass); ``--plain`` decodes without the assistant. Prints operations a
+the prompt pass); ``--timestamps``: with Whisper's timestamp rules, as long-form windows decode;
+``--plain`` decodes without the assistant. Prints operations a
 round and, with ``--where``, the 30 busiest Python lines of the engine (``--ops``: the 60 busiest lines and
 operations).
 
-    .venv/bin/python .ci/round-ops.py [--files N] [--lookahead constant:3] [--plain] [--where [--ops]]
+    .venv/bin/python .ci/round-ops.py [--files N] [--lookahead constant:3] [--plain] [--timestamps] [--where [--ops]]
 """
 import argparse
 import sys
@@ -48,6 +49,7 @@ parser.add_argument("--plain", action="store_true")
 parser.add_argument("--where", action="store_true")
 parser.add_argument("--ops", action="store_true", help="with --where: each line's operations by name")
 parser.add_argument("--no-speech-off", action="store_true", help="decode without the no-speech check's logits")
+parser.add_argument("--timestamps", action="store_true", help="with Whisper's timestamp rules (a long-form window's)")
 args = parser.parse_args()
 
 torch.set_num_threads(1)
@@ -60,9 +62,9 @@ lean = as_decoder(loaded.assistant_model, assistant=True)
 lean.graphs = "eager"
 eot = loaded.main_model.generation_config.eos_token_id
 engine = AssistedDecoder(main, None if args.plain else model_drafter(lean, share_encoder=True, pad_id=eot), pad_id=eot)
-prompt = runner.prompt("en", "transcribe", False)
+prompt = runner.prompt("en", "transcribe", args.timestamps)
 options = TranscribeOptions(device=resolve_device("cpu"))
-rules = runner.rules(len(prompt), False, options.max_new_tokens)
+rules = runner.rules(len(prompt), args.timestamps, options.max_new_tokens)
 # as a transcription's first window decodes: with Whisper's no-speech check (the logits at <|startoftranscript|>)
 sot = prompt.index(loaded.main_model.generation_config.decoder_start_token_id)
 decode = DecodeOptions(max_new_tokens=options.max_new_tokens, policy=parse_policy(args.lookahead),

@@ -5,6 +5,7 @@ every tensor on its model's device."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -262,14 +263,18 @@ def test_rules_copy_no_python_number_to_the_device():
     ``index_put_`` of a 0-dim value, over the full vocabulary and a reduced one, and the same columns forbidden."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from pipelines.engine.rules import Rules, apply_rules
+    from pipelines.engine.rules import Rules, TimestampRules, apply_rules
 
     puts = (torch.ops.aten.index_put_, torch.ops.aten.index_put, torch.ops.aten._index_put_impl_)
 
     class ScalarPuts(TorchDispatchMode):
+        """Records an index_put_ of a 0-dim value, and a copy_ from a tensor torch made of a Python number
+        (``lift_fresh``: ``row[c] = -inf`` copies it into one element, blocking on CUDA as well)."""
+
         def __init__(self) -> None:
             super().__init__()
             self.seen: list[str] = []
+            self.lifted: list[torch.Tensor] = []  # kept alive: their ids stay theirs
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -277,16 +282,32 @@ def test_rules_copy_no_python_number_to_the_device():
                 values = args[2] if len(args) > 2 else kwargs["values"]
                 if values.dim() == 0:
                     self.seen.append(str(func))
-            return func(*args, **kwargs)
+            if func.overloadpacket is torch.ops.aten.copy_ and any(args[1] is t for t in self.lifted):
+                self.seen.append(str(func))
+            out = func(*args, **kwargs)
+            if func.overloadpacket in (torch.ops.aten.lift_fresh, torch.ops.aten.lift_fresh_copy):
+                self.lifted.append(out)
+            return out
 
     rules = Rules(eos=(2,), suppress=(5, 7), begin_suppress=(3,), min_new_tokens=2)
     lens = torch.tensor([[0, 1], [1, 2], [2, 3]])  # (rows, positions): new tokens before each position
     vocab = [1, 2, 3, 5, 8]  # a reduced head's sorted ids: columns 0-4
     full, sub = torch.zeros(3, 2, 10), torch.zeros(3, 2, len(vocab))
+    # Whisper's timestamp rules too (ids 0-5 text, 6 <|notimestamps|>, 7-11 timestamps, 2 the end), at
+    # every state: the first token, after text, after a lone timestamp, after a pair
+    stamps = TimestampRules(no_timestamps=6, begin=7, eos=2, prompt_len=1, max_initial=2)
+    timed = dataclasses.replace(rules, suppress=(5,), timestamps=stamps)
+    prefixes = [[[0], [0, 3]], [[0, 8], [0, 8, 9]], [[0, 8, 9, 4], [0, 8, 9, 4, 10]]]
+    ts_logits = torch.zeros(3, 2, 12)
     with ScalarPuts() as mode:
         apply_rules(rules, full, lens, 16)
         apply_rules(rules, sub, lens, 16, vocab=vocab)
+        apply_rules(timed, ts_logits, lens, 16, prefixes)
     assert mode.seen == []
+    with ScalarPuts() as mode:  # the detector sees the one-element assignment
+        torch.zeros(3)[1] = float("-inf")
+    assert mode.seen == ["aten.copy_.default"]
+    assert ts_logits[:, :, 6].isinf().all()  # <|notimestamps|> never (tests/test_timestamp_rules.py: the rest)
     for logits, col in ((full, lambda t: t), (sub, vocab.index)):
         forbidden = torch.zeros(logits.shape, dtype=torch.bool)
         forbidden[..., col(5)] = True  # suppressed everywhere (7 is not in the reduced vocabulary)

@@ -258,6 +258,47 @@ def test_static_draft_cache_drafts_as_the_ragged_one(setup):
     assert all(w in (1, 2, 4, 8) for _, w in fused)
 
 
+def test_timestamp_rules_in_the_device_draft_loop(setup, windows):
+    """With Whisper's timestamp rules the greedy draft loop stays on the device: it keeps each row's timestamp
+    state and moves it on token by token (``timestamps.py``), inside the fused steps of a static cache. Its
+    drafts equal the host loop's (every rule from the host prefixes) round by round on three clips and a dense
+    30 s window with a previous-text prompt, ragged and static caches; outputs equal plain decoding's and hold
+    timestamps. Fails where the loop drafts without the rules or moves the state on wrongly."""
+    from dataclasses import replace
+
+    from pipelines.engine.timestamps import TimestampRules
+
+    decoder, _, _, _, _ = setup
+    name = "whisper-base-distilled" if _distilled_shipped() else "whisper-base-decoder-2l"
+    model = WhisperForCausalLM.from_pretrained(embedded_path(name), dtype=torch.float32).eval()
+    x, prompts = windows
+    gen = decoder.model.generation_config
+    with torch.inference_mode():
+        enc = decoder.encode(input_features=x)
+    options = DecodeOptions(max_new_tokens=MAX_NEW, policy=PolicyOptions("constant", 4))
+    for prompt, rows in ((PROMPT[:3], [0, 1, 2]), (prompts[3], [3])):
+        stamps = TimestampRules.from_generation_config(gen, len(prompt))
+        rules = replace(rules_from_generation_config(gen, len(prompt), MAX_NEW), timestamps=stamps)
+        batch = [list(prompt)] * len(rows)
+        window = enc.select(torch.tensor(rows))
+        plain = [list(t) for t in AssistedDecoder(decoder, None, pad_id=EOT).generate(batch, rules, options, encoder_output=window).tokens]
+        assert all(sum(t >= stamps.begin for t in row) >= 2 for row in plain)  # timestamped segments
+        stats = {}
+        for kind in ("host", "ragged", "static"):
+            lean = as_decoder(model, assistant=True)
+            lean.graphs = "eager" if kind == "static" else None
+            lean.device_steps = kind != "host"
+            engine = AssistedDecoder(decoder, model_drafter(lean, share_encoder=True, pad_id=EOT), pad_id=EOT)
+            result = engine.generate(batch, rules, options, encoder_output=window)
+            assert [list(t) for t in result.tokens] == plain, (kind, rows)
+            stats[kind] = (result.stats.drafted, result.stats.accepted, result.stats.rounds)
+            if kind == "static":
+                cache = next(iter(lean._graph_pool.free.values()))[0]
+                assert ("step", 1) in {k[:2] for k in cache.fused if k[-1] == stamps}
+        assert stats["static"] == stats["ragged"] == stats["host"], (rows, stats)
+        assert 0 < stats["host"][1] < stats["host"][0]
+
+
 def test_a_draft_in_the_models_half_precision_off_the_cpu(setup):
     """Off a CPU the lean assistant computes in its model's dtype (bfloat16 on CUDA), its static cache too;
     run here through the CUDA path's buffers (``graphs = "eager"``) with that dtype forced: outputs equal

@@ -77,3 +77,17 @@ def test_reduced_vocabulary_maps_ids_to_columns():
     assert torch.equal(torch.isinf(sub[0, 0]), torch.isinf(full[0, 0, vocab]))
     assert torch.isinf(sub[0, 0, (vocab == 14) | (vocab == 21) | (vocab == 50363)]).all()
     assert torch.isinf(sub[0, 0, (vocab >= BEGIN) & (vocab < BEGIN + 11)]).all()  # timestamps never decrease
+
+
+def test_the_state_moved_on_one_token_at_a_time_is_the_prefixes():
+    """``TimestampRules.advance`` (the device draft loop's update, token by token) gives what ``state`` of the
+    prefix with the token appended gives, for every row of a batch at once, from the empty prefix on."""
+    rng = random.Random(3)
+    ts = TimestampRules.from_generation_config(GEN, len(PROMPT))
+    gens = [g for g in _prefixes(rng, 40) if g]
+    state = torch.tensor([list(s) for s in zip(*[ts.state(PROMPT) for _ in gens])])
+    for j in range(max(map(len, gens))):
+        tokens = torch.tensor([g[j] if j < len(g) else 1 for g in gens])
+        ts.advance(state, tokens)
+        want = [ts.state(PROMPT + (g[: j + 1] if j < len(g) else g + [1] * (j + 1 - len(g)))) for g in gens]
+        assert state.T.tolist() == [list(w) for w in want], j

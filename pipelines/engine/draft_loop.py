@@ -20,12 +20,15 @@ stop flags and the next step's inputs replay with the layers, where they were ab
 host work each (the H200 probe of 2026-12-04: 5.3 ms a round against 1.4 ms of kernels). A later step reads
 its inputs from the loop's own buffers: its replay copies nothing in. Rules that read a step's generated
 length (the first token's suppressions, a minimum length, a forced token) are applied by ``apply_rules``
-from host lengths, outside the graph, at the steps where they can bite; every other step replays.
+from host lengths, outside the graph, at the steps where they can bite; every other step replays. Whisper's
+timestamp rules read the row's prefix: the loop keeps what they read, four numbers a row (``stamps``,
+``timestamps.py``), and moves them on after every step's token, on the device and inside the graph.
 """
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 
 import torch
 
@@ -33,6 +36,7 @@ from .cache import EncoderOutput
 from .draft_cache import StaticDraftCache
 from .rows import StillRunning, from_host
 from .rules import PAD_GEN_LEN, Rules, apply_rules, column_index, suppress_only_from
+from .timestamps import TimestampRules, apply_timestamp_masks, column_ids, text_columns, timestamp_bounds
 
 NEG_INF = float("-inf")
 MIN_STEPS = 16  # the draft steps a loop's buffers hold at least (a longer round makes larger ones)
@@ -47,6 +51,8 @@ class DraftLoop:
         chosen (2, B, steps) long: [0] the token of every step, [1] whether it is a draft (1) or not (0),
                 together so that the round's end reads them in one copy
         running (1,) bool: whether any row is alive;  threshold (1,) float64: stop_below, when drafting by confidence
+        stamps (4, B) long: each row's timestamp state before the next step (``timestamps.py``), with
+                Whisper's timestamp rules
 
     A static draft cache keeps one (its graphs read these addresses); a ragged cache's round makes its own."""
 
@@ -55,16 +61,20 @@ class DraftLoop:
         self.ids = torch.zeros(rows, 1, dtype=torch.long, device=device)
         self.alive = torch.zeros(rows, dtype=torch.bool, device=device)
         self.real = self.alive.view(rows, 1)
-        self.room = torch.zeros(rows, dtype=torch.long, device=device)
+        self.plan = torch.zeros(5, rows, dtype=torch.long, device=device)  # room and stamps: one copy a round
+        self.room = self.plan[0]
         self.step = torch.zeros(1, dtype=torch.long, device=device)
         self.chosen = torch.zeros(2, rows, steps, dtype=torch.long, device=device)
         self.running = torch.zeros(1, dtype=torch.bool, device=device)
         self.threshold = torch.zeros(1, dtype=torch.float64, device=device)
+        self.stamps = self.plan[1:]
         self.rows = torch.arange(rows, device=device)
 
-    def begin(self, room: list[int], stop_below: float | None) -> None:
-        """A new round: ``room[b]`` drafts for row b, from step 0."""
-        self.room.copy_(torch.tensor(room, dtype=torch.long, device="cpu"), non_blocking=True)  # one copy, staged by CUDA
+    def begin(self, room: list[int], stop_below: float | None, stamps: list[tuple[int, ...]] | None = None) -> None:
+        """A new round: ``room[b]`` drafts for row b, from step 0; ``stamps[b]``: row b's timestamp state
+        (``TimestampRules.state``) with Whisper's timestamp rules."""
+        host = [room] + ([list(s) for s in zip(*stamps)] if stamps else [])
+        self.plan[: len(host)].copy_(torch.tensor(host, dtype=torch.long, device="cpu"), non_blocking=True)  # staged by CUDA
         torch.gt(self.room, 0, out=self.alive)
         self.step.zero_()
         if stop_below is not None:
@@ -74,7 +84,7 @@ class DraftLoop:
     def resting(self):
         """No row alive meanwhile, then the state as it was: a graph's warm-up runs (``graphs.PassGraph``)
         over the loop's buffers then write the scratch slot only and commit nothing."""
-        buffers = (self.ids, self.alive, self.room, self.step, self.chosen, self.running)
+        buffers = (self.ids, self.alive, self.room, self.step, self.chosen, self.running, self.stamps)
         saved = [t.clone() for t in buffers]
         self.alive.zero_()
         self.step.zero_()  # warm-ups write the first columns (the state is put back after)
@@ -85,10 +95,11 @@ class DraftLoop:
                 t.copy_(s)
 
     def choose(self, logits: torch.Tensor, real: torch.Tensor, constrain, vocab: torch.Tensor | None,
-               eos: int | torch.Tensor, confidence: bool) -> torch.Tensor:
+               eos: int | torch.Tensor, confidence: bool, stamps: TimestampRules | None = None) -> torch.Tensor:
         """After step j over ``logits`` (B, n, V') float32 with real-token flags ``real`` (B, n) (real tokens
         first): the rules (``constrain(nxt)``, in place on (B, 1, V')), the argmax, the step's tokens and
-        flags kept, the stop flags and the next step's inputs (module docstring); returns ``running`` (1,)."""
+        flags kept, the stop flags, the timestamp state moved on (``stamps``: Whisper's timestamp rules) and
+        the next step's inputs (module docstring); returns ``running`` (1,)."""
         if logits.shape[1] == 1:
             nxt = logits  # a one-token step's own logits (a graph's output: read before its next replay)
         else:  # a row's last real token; column 0 for a row fed nothing (its logits are unused)
@@ -104,6 +115,8 @@ class DraftLoop:
             p = torch.softmax(nxt[:, 0], dim=-1).gather(-1, col[:, None])[:, 0].double()
             going = going & ~(p < self.threshold)
         self.alive.logical_and_(going)
+        if stamps is not None:
+            stamps.advance(self.stamps, tok)
         self.ids.copy_(tok[:, None])
         self.step.add_(1)
         torch.any(self.alive, dim=0, keepdim=True, out=self.running)
@@ -128,30 +141,39 @@ def loop_for(cache, rows: int, device: torch.device, steps: int) -> DraftLoop:
 
 def draft_on_device(decoder, cache, enc: EncoderOutput | None, rules: Rules, max_new: int, feeds: list[list[int]],
                     room: list[int], gen_lens: list[int], pad_id: int, stop_below: float | None,
-                    vocab: torch.Tensor | None) -> tuple[list[list[int]], int]:
+                    vocab: torch.Tensor | None, stamps: list[tuple[int, ...]] | None = None) -> tuple[list[list[int]], int]:
     """Greedy drafts for each row (module docstring): ``feeds[b]`` the tokens row b's drafter has not seen (fed
     at step 0; [] where ``room[b]`` is 0), at most ``room[b]`` drafts, ``gen_lens[b]`` tokens generated
-    before them. Returns the drafts per row and the forward passes run. The drafts equal the host loop's
+    before them; with Whisper's timestamp rules ``stamps[b]`` row b's timestamp state before them
+    (``TimestampRules.state`` of its sequence: the loop moves it on, step by step, on the device). Returns the drafts per row and the forward passes run. The drafts equal the host loop's
     (``ModelDrafter.draft``): the same logits, rules and argmax; only where and when they are read differs."""
     rows, device, steps = len(room), decoder.device, max(room, default=0)
     if steps == 0:
         return [[] for _ in range(rows)], 0
     eos = rules.eos[0] if len(rules.eos) == 1 else from_host(rules.eos or (-1,), torch.long, device)
     loop = loop_for(cache, rows, device, steps)
-    loop.begin(room, stop_below)
-    fixed_from = suppress_only_from(rules)
+    ts = rules.timestamps
+    loop.begin(room, stop_below, stamps if ts is not None else None)
+    fixed_from = suppress_only_from(replace(rules, timestamps=None))  # the loop applies the timestamp rules itself
     suppress = column_index(decoder.vocab_ids, rules.suppress, device) if rules.suppress else None
+    text_end = text_columns(ts, decoder.vocab_ids) if ts is not None else 0
+
+    def timestamp_rules(nxt: torch.Tensor) -> None:  # from the loop's own timestamp state (timestamps.py)
+        if ts is not None:  # (the column ids are cached by the warm-up runs before any capture)
+            ids = column_ids(decoder.vocab_ids, nxt.shape[-1], device)
+            apply_timestamp_masks(ts, nxt[:, 0], ids, timestamp_bounds(ts, loop.stamps), text_end)
 
     def fixed_rules(nxt: torch.Tensor) -> None:  # what apply_rules does from the fixed_from-th token on
         if suppress is not None:
             nxt.index_fill_(-1, suppress, NEG_INF)
+        timestamp_rules(nxt)
 
-    def host_rules(j: int):  # apply_rules with step j's generated lengths (read on the host)
+    def host_rules(j: int):  # apply_rules with step j's generated lengths (read on the host), then the timestamps'
         lens = torch.tensor([[gen_lens[b] + j if j < room[b] else PAD_GEN_LEN] for b in range(rows)], device="cpu")
-        return lambda nxt: apply_rules(rules, nxt, lens, max_new, None, decoder.vocab_ids)
+        return lambda nxt: timestamp_rules(apply_rules(rules, nxt, lens, max_new, None, decoder.vocab_ids))
 
     def finish(logits: torch.Tensor, real: torch.Tensor, constrain) -> torch.Tensor:
-        return loop.choose(logits, real, constrain, vocab, eos, stop_below is not None)
+        return loop.choose(logits, real, constrain, vocab, eos, stop_below is not None, ts)
 
     def commit_and_finish(logits: torch.Tensor, real: torch.Tensor) -> torch.Tensor:  # a fused graph's epilogue
         cache.commit(real)
@@ -166,7 +188,7 @@ def draft_on_device(decoder, cache, enc: EncoderOutput | None, rules: Rules, max
             break
         fixed = fixed_from is not None and min(g + j for g, r in zip(gen_lens, room) if j < r) >= fixed_from
         if fixed and decoder.fuses(ids, cache, enc):
-            key = ("feed" if j == 0 else "step", ids.shape[1], rules.suppress, rules.eos, stop_below is not None)
+            key = ("feed" if j == 0 else "step", ids.shape[1], rules.suppress, rules.eos, stop_below is not None, ts)
             inputs = None if j == 0 else (loop.ids, loop.real)
             with contextlib.nullcontext() if key in cache.fused else loop.resting():
                 step = decoder.fused_step(cache, key, commit_and_finish, inputs)

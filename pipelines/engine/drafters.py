@@ -148,8 +148,8 @@ class ModelDrafter(Drafter):
 
     def draft(self, ks, seqs, gen_lens, sampling, generator, stop_below) -> Drafts:
         start = time.perf_counter()
-        if sampling is None and self.lookup is None and not self.rules.needs_prefix and self.decoder.device_steps:
-            tokens, steps = self._draft_on_device(ks, gen_lens, stop_below)
+        if sampling is None and self.lookup is None and not self.rules.processors and self.decoder.device_steps:
+            tokens, steps = self._draft_on_device(ks, seqs, gen_lens, stop_below)
             return Drafts(tokens, None, steps, time.perf_counter() - start)
         rows = len(ks)
         tokens: list[list[int]] = [[] for _ in range(rows)]
@@ -204,15 +204,18 @@ class ModelDrafter(Drafter):
             self._vocab = from_host(list(self.decoder.vocab_ids), torch.long, self.decoder.device)
         return self._vocab
 
-    def _draft_on_device(self, ks: list[int], gen_lens: list[int], stop_below: float | None) -> tuple[list[list[int]], int]:
+    def _draft_on_device(self, ks: list[int], seqs: list[list[int]], gen_lens: list[int],
+                         stop_below: float | None) -> tuple[list[list[int]], int]:
         """Greedy drafting whose steps never wait on the host (``draft_loop.draft_on_device``): each row's
         lookahead bounded by the room before max_new_tokens. Returns the drafts per row and the forward
         passes run; the drafts equal the host loop's (``draft``)."""
         room = [max(0, min(k, self.max_new - g)) for k, g in zip(ks, gen_lens)]  # drafts row b may take
         vocab = None if self.decoder.vocab_ids is None else self._vocab_on_device()
         feeds = [self.pending[b] if room[b] else [] for b in range(len(ks))]
+        ts = self.rules.timestamps
+        stamps = [ts.state(seq) for seq in seqs] if ts is not None else None  # (timestamps.py)
         tokens, steps = draft_on_device(self.decoder, self.cache, self.enc, self.rules, self.max_new, feeds, room,
-                                        gen_lens, self.pad_id, stop_below, vocab)
+                                        gen_lens, self.pad_id, stop_below, vocab, stamps)
         for b in range(len(ks)):
             if room[b]:
                 self.pending[b] = []

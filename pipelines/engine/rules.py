@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .rows import aligned_rows, from_host, rowwise_logsumexp, to_device
+from .rows import from_host, to_device
+from .timestamps import TimestampRules, apply_timestamp_rules
 
 NEG_INF = float("-inf")
 PAD_GEN_LEN = 1 << 30  # gen_len given to padding positions: no rule applies there
@@ -42,52 +43,6 @@ class Rules:
     @property
     def needs_prefix(self) -> bool:
         return bool(self.processors) or self.timestamps is not None
-
-
-@dataclass(frozen=True)
-class TimestampRules:
-    """Whisper's timestamp rules, exactly as transformers' ``WhisperTimeStampLogitsProcessor`` applies them,
-    but for every (row, position) at once. With ``seq`` the tokens generated before a position and
-    ``ts(t) = t >= begin``:
-      - ``<|notimestamps|>`` is never emitted;
-      - timestamps come in pairs: after a lone timestamp (ts(seq[-1]) and not ts(seq[-2])) no text token
-        (id < eos) may follow; after a pair (or a timestamp at the start) no timestamp may follow;
-      - timestamps never decrease: ids in [begin, last) are forbidden, last = the latest timestamp (+1 unless
-        it is a lone one), or begin when there is none;
-      - the first token is a timestamp, at most ``begin + max_initial``;
-      - when logsumexp(log p over timestamps) > max(log p over text), every text token is forbidden."""
-
-    no_timestamps: int
-    begin: int  # id of <|0.00|>, the first timestamp token
-    eos: int
-    prompt_len: int  # generated tokens start here
-    max_initial: int | None = None
-    from_logprob: bool = True
-
-    @classmethod
-    def from_generation_config(cls, gen, prompt_len: int) -> TimestampRules:
-        return cls(no_timestamps=gen.no_timestamps_token_id, begin=gen.no_timestamps_token_id + 1,
-                   eos=gen.eos_token_id or gen.bos_token_id, prompt_len=prompt_len,
-                   max_initial=getattr(gen, "max_initial_timestamp_index", None),
-                   from_logprob=getattr(gen, "_detect_timestamp_from_logprob", True))
-
-    def state(self, prefix: list[int]) -> tuple[int, int, bool]:
-        """(mode, last, first) before the next token: mode 1 = no timestamp may follow, 2 = no text token may
-        follow, 0 = neither; ``last`` = lowest timestamp allowed; ``first`` = nothing generated yet."""
-        n = len(prefix) - self.prompt_len
-        last_ts = n >= 1 and prefix[-1] >= self.begin
-        pen_ts = n < 2 or prefix[-2] >= self.begin
-        mode = (1 if pen_ts else 2) if last_ts else 0
-        latest = None
-        for i in range(len(prefix) - 1, self.prompt_len - 1, -1):  # the latest timestamp, searched backwards
-            if prefix[i] >= self.begin:
-                latest = prefix[i]
-                break
-        if latest is None:
-            last = self.begin
-        else:
-            last = latest if mode == 2 else latest + 1
-        return mode, last, n == 0
 
 
 def rules_from_generation_config(gen, prompt_len: int, max_new_tokens: int) -> Rules:
@@ -193,39 +148,6 @@ def _columns(vocab: Sequence[int] | None, tokens) -> list[int]:
 def _column(vocab: Sequence[int] | None, token: int) -> int | None:
     found = _columns(vocab, [token])
     return found[0] if found else None
-
-
-def apply_timestamp_rules(ts: TimestampRules, logits: torch.Tensor, states: list[tuple[int, int, bool]],
-                          vocab: Sequence[int] | None = None) -> torch.Tensor:
-    """Constrain ``logits`` (N, V) in place, row i by ``states[i]`` (see ``TimestampRules``). ``vocab``: the
-    sorted ids of the columns (None: column = id). Every rule forbids a range of ids, hence a range of
-    columns: the rows are few, so each range is filled directly."""
-    col = _column_of(vocab)
-    text_end, eos = col(ts.begin), col(ts.eos)  # columns [0, text_end) hold text ids, [text_end, V) timestamps
-    nots = col(ts.no_timestamps)
-    has_nots = vocab is None or (nots < len(vocab) and vocab[nots] == ts.no_timestamps)
-    late = col(ts.begin + ts.max_initial + 1) if ts.max_initial is not None else None
-    for i, (mode, last, first) in enumerate(states):
-        row = logits[i]
-        if has_nots:
-            row[nots] = NEG_INF
-        if mode == 1:
-            row[text_end:] = NEG_INF  # after a timestamp pair: no timestamp
-        elif mode == 2:
-            row[:eos] = NEG_INF  # after a lone timestamp: no text token
-        row[text_end : col(last)] = NEG_INF  # timestamps never decrease
-        if first:
-            row[:text_end] = NEG_INF
-            if late is not None:
-                row[late:] = NEG_INF
-    if ts.from_logprob:
-        # log p = log_softmax(z); the row must emit a timestamp when logsumexp(log p[ts]) > max(log p[text])
-        # on CUDA every row at the same alignment, padded with -inf columns (rows.aligned_rows): exp(-inf) = 0
-        logprobs = torch.log_softmax(aligned_rows(logits.float()), dim=-1)
-        timestamp_lp = rowwise_logsumexp(logprobs[:, text_end:])
-        text_lp = logprobs[:, :text_end].max(dim=-1).values
-        logits[:, :text_end].masked_fill_((timestamp_lp > text_lp)[:, None], NEG_INF)
-    return logits
 
 
 def apply_rules(rules: Rules, logits: torch.Tensor, gen_lens: torch.Tensor, max_new_tokens: int,
