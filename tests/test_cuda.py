@@ -142,7 +142,7 @@ def test_graphs_replayed_with_ragged_rows_on_random_weights():
         assert len(set(result.stats.accepted_hist)) > 1  # rows accepted different numbers of drafts
         pooled = [c for caches in main._graph_pool.free.values() for c in caches]
         assert pooled and all(c.graph is not None and c.graph.graph is not None for c in pooled)
-        assert all(list(c.choices) == [()] and c.choices[()].graph is not None for c in pooled)  # no rules
+        assert all(list(c.choices) == [((), None)] and c.choices[((), None)].graph is not None for c in pooled)  # no rules
         # the assistant's steps replayed with the draft loop's epilogue (draft_loop.py): its one-token steps
         # and the padded first feeds of a round (1, 2, 4 or 8 columns), every one captured
         pooled = [c for caches in lean._graph_pool.free.values() for c in caches]

@@ -214,7 +214,7 @@ def test_static_writes_and_pooled_caches_keep_outputs_exact(setup):
     # suppressed ids and chooses (fixed.FixedShapeDecoder.fused_choice): the same log-probabilities, to the bit
     assert logprobs[True] == logprobs[False]
     pooled = static._graph_pool.free
-    assert all(list(c[0].choices) == [rules.suppress] for c in pooled.values())
+    assert all(list(c[0].choices) == [(rules.suppress, None)] for c in pooled.values())
     assert sorted(pooled) == sorted({(1, 448, static.shape.width_for(1)), (4, 448, static.shape.width_for(4))})
     assert all(len(caches) == 1 for caches in pooled.values())  # each lent again, never two of one shape
     cache = pooled[(1, 448, static.shape.width_for(1))][0]
@@ -267,6 +267,7 @@ def test_timestamp_rules_in_the_device_draft_loop(setup, windows):
     from dataclasses import replace
 
     from pipelines.engine.timestamps import TimestampRules
+    from pipelines.engine.whisper import WhisperDecoder
 
     decoder, _, _, _, _ = setup
     name = "whisper-base-distilled" if _distilled_shipped() else "whisper-base-decoder-2l"
@@ -297,6 +298,15 @@ def test_timestamp_rules_in_the_device_draft_loop(setup, windows):
                 assert ("step", 1) in {k[:2] for k in cache.fused if k[-1] == stamps}
         assert stats["static"] == stats["ragged"] == stats["host"], (rows, stats)
         assert 0 < stats["host"][1] < stats["host"][0]
+        # the main decoder's static path: past the first token its choice graph applies the timestamp rules
+        # from the rows' states (fixed.FixedShapeDecoder.fused_choice); plain and assisted equal, to the bit
+        static = WhisperDecoder(decoder.model)
+        static.graphs = "eager"
+        runs = [AssistedDecoder(static, d, pad_id=EOT).generate(batch, rules, options, encoder_output=window)
+                for d in (None, model_drafter(lean, share_encoder=True, pad_id=EOT))]
+        assert all([list(t) for t in r.tokens] == plain for r in runs)
+        assert runs[0].sum_logprobs == runs[1].sum_logprobs
+        assert all(list(c[0].choices) == [(rules.suppress, stamps)] for c in static._graph_pool.free.values())
 
 
 def test_a_draft_in_the_models_half_precision_off_the_cpu(setup):

@@ -265,7 +265,10 @@ class AssistedDecoder:
         # each live row's logits from its last pending token on: (B, width, V), -inf past its drafts
         counts = [0 if req.done[b] else len(dr) + 1 for b, dr in enumerate(drafts)]
         if not options.do_sample and self._rules_fixed(rules, gen_lens, counts):
-            choice = self.main.fused_choice(cache, logits, rules.suppress)
+            ts = rules.timestamps  # the timestamp state before each position (timestamps.py), when decoding with them
+            stamps = None if ts is None else [[ts.state(req.seqs[b] + dr[:j]) for j in range(c)]
+                                              for b, (dr, c) in enumerate(zip(drafts, counts))]
+            choice = self.main.fused_choice(cache, logits, rules.suppress, ts, stamps)
             if choice is not None:  # the pass's graph applied the suppression and chose
                 return Verified(logits, None, counts, choice)
         sel = gather_rows(logits, [max(len(p) - 1, 0) for p in req.pending], counts, width)
@@ -279,10 +282,12 @@ class AssistedDecoder:
         return Verified(logits, sel, counts)
 
     @staticmethod
+    @staticmethod
     def _rules_fixed(rules: Rules, gen_lens: list[int], counts: list[int]) -> bool:
-        """Whether the rules do nothing but suppress columns at every position this pass verifies (from each
-        live row's generated length on: ``rules.suppress_only_from``)."""
-        start = suppress_only_from(rules)
+        """Whether the rules do nothing but suppress columns (and Whisper's timestamp rules, which a
+        ``fused_choice`` applies from the rows' states) at every position this pass verifies (from each live
+        row's generated length on: ``rules.suppress_only_from``)."""
+        start = suppress_only_from(replace(rules, timestamps=None))
         return start is not None and min((g for g, c in zip(gen_lens, counts) if c), default=0) >= start
 
     def _accept(self, req: Request, verified: Verified, drafts: list[list[int]], qs: list | None, gen_lens: list[int],

@@ -39,6 +39,7 @@ from .decoders import Decoder
 from .graphs import GraphPool, PassGraph, Pooled, graphs_enabled
 from .rows import from_host, scatter_rows, to_device
 from .rules import column_index
+from .timestamps import TimestampRules, apply_timestamp_masks, column_ids, text_columns, timestamp_bounds
 from .verify import greedy_choice
 
 Tile = tuple[torch.Tensor, list[tuple[int, int, int]]]  # ids, positions and slots (3, B, w) on the host; where
@@ -207,26 +208,44 @@ class FixedShapeDecoder(Decoder):
             cache.graph = PassGraph(run, (tile,), self.device, capture=self.graphs == "capture")
         return cache.graph
 
-    def fused_choice(self, cache: FixedCache, logits: torch.Tensor, suppress: tuple[int, ...]) -> torch.Tensor | None:
+    def fused_choice(self, cache: FixedCache, logits: torch.Tensor, suppress: tuple[int, ...],
+                     timestamps: TimestampRules | None = None,
+                     stamps: list[list[tuple[int, ...]]] | None = None) -> torch.Tensor | None:
         """Greedy verification of the pass that returned ``logits`` in a graph of its own over the pass graph's
-        output (captured on CUDA, one per cache and suppressed ids): ``verify.greedy_choice`` (2, B, W) of every
-        column after the ``suppress`` columns are set to -inf, what the engine otherwise does eagerly with
-        ``apply_rules`` and ``verify.argmax_logprobs`` (the same operations on each row). None where ``logits``
-        are not that output itself (no static cache, a prompt pass or several passes before)."""
+        output (captured on CUDA, one per cache and rules): ``verify.greedy_choice`` (2, B, W) of every column
+        after the ``suppress`` columns are set to -inf and, with Whisper's ``timestamps`` rules, their mask from
+        ``stamps[b][j]``, the timestamp state before position j of row b (``TimestampRules.state``; copied in
+        once): what the engine otherwise does eagerly with ``apply_rules`` and ``verify.argmax_logprobs`` (the
+        same operations on each row). None where ``logits`` are not that output itself (no static cache, a
+        prompt pass or several passes before)."""
         graph = cache.graph
         if graph is None or graph.output is None or logits.data_ptr() != graph.output.data_ptr():
             return None
-        choice = cache.choices.get(suppress)
+        batch, width = len(cache.next_pos), cache.width
+        key = (suppress, timestamps)
+        choice = cache.choices.get(key)
         if choice is None:
             columns = column_index(None, suppress, self.device) if suppress else None  # made before any capture
-            batch, width = len(cache.next_pos), cache.width
+            ids = column_ids(None, self.head_weight.shape[0], self.device)
 
-            def run(out: torch.Tensor) -> torch.Tensor:
-                out = out.view(batch, width, -1)
-                return greedy_choice(out if columns is None else out.index_fill(-1, columns, float("-inf")))
+            def run(out: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+                out = out.view(batch * width, -1)
+                if columns is not None:
+                    out = out.index_fill(-1, columns, float("-inf"))
+                if timestamps is not None:
+                    out = out if columns is not None else out.clone()
+                    apply_timestamp_masks(timestamps, out, ids, timestamp_bounds(timestamps, state),
+                                          text_columns(timestamps, None))
+                return greedy_choice(out.view(batch, width, -1))
 
-            choice = cache.choices[suppress] = PassGraph(run, (graph.output,), self.device, capture=self.graphs == "capture")
-        return choice(graph.output)
+            state = torch.zeros(4, batch * width, dtype=torch.long, device=self.device)  # read with timestamps only
+            choice = cache.choices[key] = PassGraph(run, (graph.output, state), self.device,
+                                                    capture=self.graphs == "capture")
+        if timestamps is None:
+            return choice(graph.output)
+        pad = (0, 1, -1, 1)  # a column past a row's positions (its choice is not read)
+        rows = [[list(row[j]) if j < len(row) else list(pad) for j in range(width)] for row in stamps]
+        return choice(graph.output, torch.tensor(rows, dtype=torch.long, device="cpu").view(-1, 4).T.contiguous())
 
     def writer(self, positions: torch.Tensor, write):
         """``store(buffer, new)``: writes a tile's keys or values ``new`` (B, H, w, Dh) into ``buffer`` (B, H, S, Dh).
