@@ -80,6 +80,7 @@ def test_full_width_passes_replay_captured_graphs(cuda_runner, speech_real):
     assert len(pooled) == len(decoder._graph_pool.free)  # one cache per shape: lent again, not made again
     # past the first token greedy verification is chosen by a graph over the pass's output (fused_choice)
     assert all(c.choices and all(g.graph is not None for g in c.choices.values()) for c in pooled)
+    assert all(c.cross_graph is not None and c.cross_graph.graph is not None for c in pooled)
 
 
 def test_at_most_two_synchronisations_a_round(cuda_runner, speech_real):

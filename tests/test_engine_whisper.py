@@ -219,6 +219,7 @@ def test_static_writes_and_pooled_caches_keep_outputs_exact(setup):
     assert all(len(caches) == 1 for caches in pooled.values())  # each lent again, never two of one shape
     cache = pooled[(1, 448, static.shape.width_for(1))][0]
     assert cache.slot_count == 449 and cache.graph is not None and cache.graph.graph is None  # eager: nothing captured
+    assert cache.cross_graph is not None  # the cross-attention keys and values: a graph of their own, every request
 
 
 def test_static_draft_cache_drafts_as_the_ragged_one(setup):
@@ -255,6 +256,7 @@ def test_static_draft_cache_drafts_as_the_ragged_one(setup):
     fused = [k[:2] for c in pooled.values() for k in c[0].fused]
     assert ("step", 1) in fused and {w for kind, w in fused if kind == "feed"} >= {1, 2}, fused
     assert all(g.graph is None for c in pooled.values() for g in c[0].fused.values())
+    assert all(c[0].cross_graph is not None for c in pooled.values())  # and the first feed replays: cross set before
     assert all(w in (1, 2, 4, 8) for _, w in fused)
 
 

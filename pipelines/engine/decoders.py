@@ -80,6 +80,10 @@ class Decoder:
         decoder's static cache, ``fixed.FixedShapeDecoder.fused_choice``): not here."""
         return None
 
+    def ready(self, cache, enc: EncoderOutput | None) -> None:
+        """Per-request set-up before a draft loop's first step, so that it can replay (a lean Whisper drafter's
+        cross-attention keys and values on a static cache): nothing here."""
+
     def fuses(self, ids: torch.Tensor, cache, enc: EncoderOutput | None) -> bool:
         """Whether a step over ``ids`` (B, n) and its epilogue run as one graph (``fused_step``; a lean
         drafter's static cache): not here."""

@@ -65,6 +65,7 @@ class StaticDraftCache(Pooled):
         self.feeds: dict[int, PassGraph] = {}  # the captured wider chunks (a round's first feed), by width
         self.fused: dict[tuple, PassGraph] = {}  # steps with the draft loop's epilogue (lean.LeanDecoder.fused_step)
         self.loop = None  # the draft loop's buffers, which the fused graphs read (draft_loop.DraftLoop)
+        self.cross_graph: PassGraph | None = None  # a request's cross-attention keys and values into the buffers
         self.reads_encoder = reads_encoder  # a Whisper drafter's cross-attention keys and values live here too
 
     def lend(self, pool: GraphPool, key: tuple) -> StaticDraftCache:
@@ -121,6 +122,7 @@ class StaticDraftCache(Pooled):
         self.next_pos = self.next_pos.index_select(0, rows)
         self._rows = torch.arange(len(rows), device=self.device)[:, None]
         self.graph, self.feeds, self.fused, self.loop, self._pool = None, {}, {}, None, None
+        self.cross_graph = None
 
     def step(self, run: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], capture: bool, width: int = 1) -> PassGraph:
         """The step of ``width`` columns (one of ``FEED_WIDTHS``) over these buffers, ``run(ids (B, width),

@@ -179,6 +179,7 @@ def draft_on_device(decoder, cache, enc: EncoderOutput | None, rules: Rules, max
         cache.commit(real)
         return finish(logits, real, fixed_rules)
 
+    decoder.ready(cache, enc)  # (a request's first round: its cross-attention, so that step 0 can replay too)
     probe = StillRunning(device)
     ids, real = cache.tensors_of(feeds, pad_id)
     counts = [len(f) for f in feeds]

@@ -63,6 +63,7 @@ class FixedCache(Pooled):
         self.scratch: int | None = capacity if scratch else None
         self.graph: PassGraph | None = None  # the captured full-width pass over these buffers
         self.choices: dict[tuple, PassGraph] = {}  # greedy choices over that pass's output, by suppressed ids
+        self.cross_graph: PassGraph | None = None  # a request's cross-attention keys and values into ``cross``
 
     @property
     def slot_count(self) -> int:
@@ -106,7 +107,7 @@ class FixedCache(Pooled):
         """Keep only ``rows`` (an assistant's cache; a fixed-shape main decoder keeps its batch whole)."""
         self.keys = [k.index_select(0, rows) for k in self.keys]
         self.values = [v.index_select(0, rows) for v in self.values]
-        self.graph, self.choices, self._pool = None, {}, None  # new buffers: a graph of the old ones no longer applies
+        self.graph, self.choices, self.cross_graph, self._pool = None, {}, None, None  # new buffers: old graphs no longer apply
         if self.cross is not None:
             self.cross = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.cross]
         self.next_pos = [self.next_pos[i] for i in (rows.tolist() if host_rows is None else host_rows)]

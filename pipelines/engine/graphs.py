@@ -133,6 +133,10 @@ class Pooled:
             self._pool = None
             pool.give(key, self)
 
+    def cross_filled(self) -> None:
+        """The cross-attention buffers now hold this request's keys and values (written in place)."""
+        self._stale_cross = False
+
     def refill_cross(self, current: list | None, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list:
         """The cross-attention keys and values to keep for this request: ``current`` (the buffers a captured
         graph reads) with ``pairs`` copied in, when lent again; else ``pairs`` themselves."""
