@@ -222,6 +222,27 @@ def test_static_writes_and_pooled_caches_keep_outputs_exact(setup):
     assert cache.cross_graph is not None  # the cross-attention keys and values: a graph of their own, every request
 
 
+def test_the_choice_graph_reads_each_row_from_its_pending_token(setup):
+    """The first round with the no-speech check's logits (``logits_at``: the prompt and the drafts through
+    one full-width pass, each row's first verified column is its prompt's last) and rules that a choice graph
+    could apply from the first token on (no first-token suppression): the choice is made on the host there,
+    so the output equals the ragged path's (a graph reading from column 0 chose the token after
+    <|startoftranscript|>)."""
+    import dataclasses
+
+    from pipelines.engine.whisper import WhisperDecoder
+
+    decoder, enc, _, rules, _ = setup
+    free = dataclasses.replace(rules, begin_suppress=())
+    options = DecodeOptions(max_new_tokens=MAX_NEW, policy=PolicyOptions("constant", 3), logits_at=0)
+    want = AssistedDecoder(decoder, None, pad_id=EOT).generate([PROMPT], free, options, encoder_output=enc.select(torch.tensor([0])))
+    static = WhisperDecoder(decoder.model, width=CUDA_SHAPE.width)
+    static.graphs = "eager"
+    got = AssistedDecoder(static, None, pad_id=EOT).generate([PROMPT], free, options, encoder_output=enc.select(torch.tensor([0])))
+    assert got.tokens == want.tokens
+    assert all(c[0].choices for c in static._graph_pool.free.values())  # and the graph chose the later rounds
+
+
 def test_static_draft_cache_drafts_as_the_ragged_one(setup):
     """The drafters' CUDA-graph path run eagerly on the CPU: the lean assistant over a pooled static cache
     (``draft_cache.StaticDraftCache``: rollbacks step positions back, steps and the draft loop's epilogue
@@ -297,7 +318,7 @@ def test_timestamp_rules_in_the_device_draft_loop(setup, windows):
             stats[kind] = (result.stats.drafted, result.stats.accepted, result.stats.rounds)
             if kind == "static":
                 cache = next(iter(lean._graph_pool.free.values()))[0]
-                assert ("step", 1) in {k[:2] for k in cache.fused if k[-1] == stamps}
+                assert ("step", 1) in {k[:2] for k in cache.fused if k[-1] == replace(stamps, prompt_len=0)}
         assert stats["static"] == stats["ragged"] == stats["host"], (rows, stats)
         assert 0 < stats["host"][1] < stats["host"][0]
         # the main decoder's static path: past the first token its choice graph applies the timestamp rules
@@ -308,7 +329,8 @@ def test_timestamp_rules_in_the_device_draft_loop(setup, windows):
                 for d in (None, model_drafter(lean, share_encoder=True, pad_id=EOT))]
         assert all([list(t) for t in r.tokens] == plain for r in runs)
         assert runs[0].sum_logprobs == runs[1].sum_logprobs
-        assert all(list(c[0].choices) == [(rules.suppress, stamps)] for c in static._graph_pool.free.values())
+        key = (rules.suppress, replace(stamps, prompt_len=0))  # (the prompt's length is read on the host only)
+        assert all(list(c[0].choices) == [key] for c in static._graph_pool.free.values())
 
 
 def test_a_draft_in_the_models_half_precision_off_the_cpu(setup):

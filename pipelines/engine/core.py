@@ -264,7 +264,9 @@ class AssistedDecoder:
         width = max(len(dr) for dr in drafts) + 1
         # each live row's logits from its last pending token on: (B, width, V), -inf past its drafts
         counts = [0 if req.done[b] else len(dr) + 1 for b, dr in enumerate(drafts)]
-        if not options.do_sample and self._rules_fixed(rules, gen_lens, counts):
+        # the choice graph reads each row from column 0: every live row's pending token first (not the first
+        # round's prompt, whose logits may come from one pass when the no-speech check asks for them)
+        if not options.do_sample and all(len(p) <= 1 for p in req.pending) and self._rules_fixed(rules, gen_lens, counts):
             ts = rules.timestamps  # the timestamp state before each position (timestamps.py), when decoding with them
             stamps = None if ts is None else [[ts.state(req.seqs[b] + dr[:j]) for j in range(c)]
                                               for b, (dr, c) in enumerate(zip(drafts, counts))]
@@ -281,7 +283,6 @@ class AssistedDecoder:
         apply_rules(rules, sel, lens, options.max_new_tokens, prefixes)
         return Verified(logits, sel, counts)
 
-    @staticmethod
     @staticmethod
     def _rules_fixed(rules: Rules, gen_lens: list[int], counts: list[int]) -> bool:
         """Whether the rules do nothing but suppress columns (and Whisper's timestamp rules, which a

@@ -153,15 +153,20 @@ def draft_on_device(decoder, cache, enc: EncoderOutput | None, rules: Rules, max
     eos = rules.eos[0] if len(rules.eos) == 1 else from_host(rules.eos or (-1,), torch.long, device)
     loop = loop_for(cache, rows, device, steps)
     ts = rules.timestamps
+    ts_key = None if ts is None else replace(ts, prompt_len=0)  # (the graphs never read the prompt's length)
     loop.begin(room, stop_below, stamps if ts is not None else None)
     fixed_from = suppress_only_from(replace(rules, timestamps=None))  # the loop applies the timestamp rules itself
     suppress = column_index(decoder.vocab_ids, rules.suppress, device) if rules.suppress else None
     text_end = text_columns(ts, decoder.vocab_ids) if ts is not None else 0
 
+    stamp_ids: list[torch.Tensor] = []  # the columns' ids, made at the first step (before any capture) and held
+    # here, by the closures a captured graph keeps: it reads them at their address
+
     def timestamp_rules(nxt: torch.Tensor) -> None:  # from the loop's own timestamp state (timestamps.py)
-        if ts is not None:  # (the column ids are cached by the warm-up runs before any capture)
-            ids = column_ids(decoder.vocab_ids, nxt.shape[-1], device)
-            apply_timestamp_masks(ts, nxt[:, 0], ids, timestamp_bounds(ts, loop.stamps), text_end)
+        if ts is not None:
+            if not stamp_ids:
+                stamp_ids.append(column_ids(decoder.vocab_ids, nxt.shape[-1], device))
+            apply_timestamp_masks(ts, nxt[:, 0], stamp_ids[0], timestamp_bounds(ts, loop.stamps), text_end)
 
     def fixed_rules(nxt: torch.Tensor) -> None:  # what apply_rules does from the fixed_from-th token on
         if suppress is not None:
@@ -189,7 +194,7 @@ def draft_on_device(decoder, cache, enc: EncoderOutput | None, rules: Rules, max
             break
         fixed = fixed_from is not None and min(g + j for g, r in zip(gen_lens, room) if j < r) >= fixed_from
         if fixed and decoder.fuses(ids, cache, enc):
-            key = ("feed" if j == 0 else "step", ids.shape[1], rules.suppress, rules.eos, stop_below is not None, ts)
+            key = ("feed" if j == 0 else "step", ids.shape[1], rules.suppress, rules.eos, stop_below is not None, ts_key)
             inputs = None if j == 0 else (loop.ids, loop.real)
             with contextlib.nullcontext() if key in cache.fused else loop.resting():
                 step = decoder.fused_step(cache, key, commit_and_finish, inputs)

@@ -32,6 +32,8 @@ passes split at W. Subclasses (``whisper.WhisperDecoder``, ``causal.FixedCausalD
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from .cache import EncoderOutput
@@ -223,7 +225,7 @@ class FixedShapeDecoder(Decoder):
         if graph is None or graph.output is None or logits.data_ptr() != graph.output.data_ptr():
             return None
         batch, width = len(cache.next_pos), cache.width
-        key = (suppress, timestamps)
+        key = (suppress, None if timestamps is None else replace(timestamps, prompt_len=0))  # (never read here)
         choice = cache.choices.get(key)
         if choice is None:
             columns = column_index(None, suppress, self.device) if suppress else None  # made before any capture

@@ -17,6 +17,10 @@ capacity, which no query is allowed to see), so the writes have a fixed shape to
 
 The drafters' steps (``draft_cache.StaticDraftCache``) take the same way: a one-token step over a static
 cache, captured once per pooled cache; their drafts only propose, so their bits need not match anything.
+Smaller graphs ride along on the same caches: greedy verification's choice over a pass's output (the
+suppressed ids, Whisper's timestamp rules, the argmax and its log-probability: ``FixedShapeDecoder.fused_choice``),
+and a request's cross-attention keys and values into the caches' buffers (Whisper's decoders), run through
+a graph for every request of a cache, its first too, so that every request computes them with the same kernels.
 
 Used only on CUDA, unless ``TANDEM_CUDA_GRAPHS=0``. ``capture=False`` runs the same buffers eagerly
 (the CPU tests of everything but the capture itself).
