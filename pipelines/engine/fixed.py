@@ -229,9 +229,9 @@ class FixedShapeDecoder(Decoder):
         choice = cache.choices.get(key)
         if choice is None:
             columns = column_index(None, suppress, self.device) if suppress else None  # made before any capture
-            ids = column_ids(None, self.head_weight.shape[0], self.device)
+            ids = None if timestamps is None else column_ids(None, self.head_weight.shape[0], self.device)
 
-            def run(out: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+            def run(out: torch.Tensor, state: torch.Tensor | None = None) -> torch.Tensor:
                 out = out.view(batch * width, -1)
                 if columns is not None:
                     out = out.index_fill(-1, columns, float("-inf"))
@@ -241,9 +241,10 @@ class FixedShapeDecoder(Decoder):
                                           text_columns(timestamps, None))
                 return greedy_choice(out.view(batch, width, -1))
 
-            state = torch.zeros(4, batch * width, dtype=torch.long, device=self.device)  # read with timestamps only
-            choice = cache.choices[key] = PassGraph(run, (graph.output, state), self.device,
-                                                    capture=self.graphs == "capture")
+            inputs = (graph.output,)  # with timestamps also the positions' states (4, B * W)
+            if timestamps is not None:
+                inputs += (torch.zeros(4, batch * width, dtype=torch.long, device=self.device),)
+            choice = cache.choices[key] = PassGraph(run, inputs, self.device, capture=self.graphs == "capture")
         if timestamps is None:
             return choice(graph.output)
         pad = (0, 1, -1, 1)  # a column past a row's positions (its choice is not read)

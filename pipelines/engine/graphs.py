@@ -78,6 +78,31 @@ class PassGraph:
         return self.output
 
 
+def cross_graph(projections: list[tuple[Callable, Callable]], heads: int, hidden_shape: tuple[int, int, int],
+                dtype: torch.dtype, device: torch.device,
+                capture: bool) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], PassGraph]:
+    """Buffers for a request's cross-attention keys and values, (B, H, T, D/H) a layer, and the graph that
+    computes them in place from an encoder output (B, T, D) copied into its input (cast to ``dtype``):
+    k = k_proj(h), v = v_proj(h) for each layer's (k_proj, v_proj) of ``projections``. Every request of a
+    static cache goes through it, its first too, so that each computes them with the same kernels."""
+    batch, frames, d = hidden_shape
+    shape = (batch, heads, frames, d // heads)
+    buffers = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+               for _ in projections]
+
+    def split(t: torch.Tensor) -> torch.Tensor:  # (B, T, D) -> (B, H, T, D/H), a view
+        return t.view(batch, frames, heads, -1).transpose(1, 2)
+
+    def run(hidden: torch.Tensor) -> torch.Tensor:
+        for (k_proj, v_proj), (k, v) in zip(projections, buffers):
+            k.copy_(split(k_proj(hidden)))
+            v.copy_(split(v_proj(hidden)))
+        return buffers[0][0]
+
+    inputs = (torch.zeros(hidden_shape, dtype=dtype, device=device),)
+    return buffers, PassGraph(run, inputs, device, capture=capture)
+
+
 class GraphPool:
     """Static caches with their captured pass, kept per (rows, capacity, width) and lent to one request at
     a time (``take``/``give``): a graph reads and writes its cache's buffers, so a cache in use is never lent

@@ -18,7 +18,7 @@ from .cache import LeanCache, RaggedCache
 from .decoders import Decoder, EncoderOutput
 from .draft_cache import StaticDraftCache
 from .fixed import FixedCache, FixedShapeDecoder
-from .graphs import PassGraph
+from .graphs import cross_graph
 from .lean import LeanDecoder, Linear, int8_available  # noqa: F401  (int8_available: re-exported for tests)
 
 
@@ -132,37 +132,20 @@ class WhisperDecoder(FixedShapeDecoder):
         if cache.scratch is None:
             cache.set_cross([self._cross(layer, enc.hidden) for layer in self.decoder.layers])
             return
-        self._cross_graph_of(cache, enc.hidden)(enc.hidden)
-        cache.cross_filled()
-
-    def _cross_graph_of(self, cache: FixedCache, hidden: torch.Tensor) -> PassGraph:
-        """The cache's graph from an encoder output (B, T, D) to its cross-attention buffers, (B, H, T, D/H) a
-        layer, made (buffers too) on first use."""
         if cache.cross_graph is None:
-            batch, frames, d = hidden.shape
-            shape = (batch, self.heads, frames, d // self.heads)
-            cache.cross = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                            torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in self.decoder.layers]
-
-            def run(h: torch.Tensor) -> torch.Tensor:
-                for layer, (k, v) in zip(self.decoder.layers, cache.cross):
-                    a = layer.encoder_attn
-                    k.copy_(self._split(a.k_proj(h), contiguous=False))
-                    v.copy_(self._split(a.v_proj(h), contiguous=False))
-                return cache.cross[0][0]
-
-            inputs = (torch.zeros(hidden.shape, dtype=hidden.dtype, device=self.device),)
-            cache.cross_graph = PassGraph(run, inputs, self.device, capture=self.graphs == "capture")
-        return cache.cross_graph
+            projections = [(layer.encoder_attn.k_proj, layer.encoder_attn.v_proj) for layer in self.decoder.layers]
+            cache.cross, cache.cross_graph = cross_graph(projections, self.heads, enc.hidden.shape, self.dtype,
+                                                         self.device, self.graphs == "capture")
+        cache.cross_graph(enc.hidden)
+        cache.cross_filled()
 
     def _cross(self, layer, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         a = layer.encoder_attn
         return self._split(a.k_proj(hidden)), self._split(a.v_proj(hidden))
 
-    def _split(self, t: torch.Tensor, contiguous: bool = True) -> torch.Tensor:
-        """(B, T, D) -> (B, H, T, D/H), contiguous (else a view)."""
-        t = t.view(t.shape[0], t.shape[1], self.heads, -1).transpose(1, 2)
-        return t.contiguous() if contiguous else t
+    def _split(self, t: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) -> (B, H, T, D/H), contiguous."""
+        return t.view(t.shape[0], t.shape[1], self.heads, -1).transpose(1, 2).contiguous()
 
     def _layers(self, ids: torch.Tensor, positions: torch.Tensor, write, cache: FixedCache) -> torch.Tensor:
         """The decoder layers over one tile of ids and positions (B, w) on the device: hidden states (B, w, D)
@@ -242,26 +225,16 @@ class WhisperDraftDecoder(LeanDecoder):
         (every request, its first too: the same kernels whichever comes first), else computed and kept."""
         if not cache.needs_cross() or enc is None:
             return
-        split = lambda t: t.view(t.shape[0], t.shape[1], self.heads, -1).transpose(1, 2)  # noqa: E731
         if not isinstance(cache, StaticDraftCache):
             hidden = enc.hidden.to(self.dtype)
+            split = lambda t: t.view(t.shape[0], t.shape[1], self.heads, -1).transpose(1, 2)  # noqa: E731
             cache.set_cross([(split(layer["k2"](hidden)), split(layer["v2"](hidden))) for layer in self.layers])
             return
         if cache.cross_graph is None:
-            batch, frames, d = enc.hidden.shape
-            shape = (batch, self.heads, frames, d // self.heads)
-            cache.cache.cross = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                                  torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in self.layers]
-
-            def run(hidden: torch.Tensor) -> torch.Tensor:
-                for layer, (k, v) in zip(self.layers, cache.cache.cross):
-                    k.copy_(split(layer["k2"](hidden)))
-                    v.copy_(split(layer["v2"](hidden)))
-                return cache.cache.cross[0][0]
-
-            inputs = (torch.zeros(enc.hidden.shape, dtype=self.dtype, device=self.device),)  # copied in: cast
-            cache.cross_graph = PassGraph(run, inputs, self.device, capture=self.graphs == "capture")
-        cache.cross_graph(enc.hidden)
+            projections = [(layer["k2"], layer["v2"]) for layer in self.layers]
+            cache.cache.cross, cache.cross_graph = cross_graph(projections, self.heads, enc.hidden.shape, self.dtype,
+                                                               self.device, self.graphs == "capture")
+        cache.cross_graph(enc.hidden)  # (copied in: cast to the drafter's dtype)
         cache.cross_filled()
 
     def _step(self, ids: torch.Tensor, real: torch.Tensor, cache: RaggedCache | StaticDraftCache, enc: EncoderOutput | None):
@@ -273,8 +246,7 @@ class WhisperDraftDecoder(LeanDecoder):
         heads = self.heads
         split = lambda t: t.view(batch, t.shape[1], heads, -1).transpose(1, 2)  # noqa: E731  (B, T, D) -> (B, H, T, D/H)
         merge = lambda t: t.transpose(1, 2).reshape(batch, n, -1)  # noqa: E731
-        if cache.needs_cross():
-            self.ready(cache, enc)
+        self.ready(cache, enc)  # (the first step of a request only)
         x = torch.nn.functional.embedding(ids, self.embed) + torch.nn.functional.embedding(positions, self.positions)
         cross_mask = None if enc is None or enc.mask is None else enc.mask.bool()[:, None, None, :]
         for layer, kv, (cross_k, cross_v) in zip(self.layers, store.layers, store.cross):
