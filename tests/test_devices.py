@@ -330,6 +330,11 @@ def test_from_suppress_only_from_on_the_rules_are_the_suppression_alone():
              Rules(eos=(2,), forced_first=8)]
     assert [suppress_only_from(r) for r in cases] == [0, 0, 1, 4, 0, 1]
     assert suppress_only_from(Rules(eos=(2,), forced_last=2)) is None
+    # Whisper's timestamp rules do not move it: the device paths apply them from each row's timestamp state
+    from pipelines.engine.rules import TimestampRules
+
+    stamps = TimestampRules(no_timestamps=6, begin=7, eos=2, prompt_len=1)
+    assert [suppress_only_from(dataclasses.replace(r, timestamps=stamps)) for r in cases] == [0, 0, 1, 4, 0, 1]
     for rules in cases:
         for vocab in (None, [1, 2, 3, 5, 8]):
             width = 10 if vocab is None else len(vocab)

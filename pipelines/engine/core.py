@@ -285,10 +285,10 @@ class AssistedDecoder:
 
     @staticmethod
     def _rules_fixed(rules: Rules, gen_lens: list[int], counts: list[int]) -> bool:
-        """Whether the rules do nothing but suppress columns (and Whisper's timestamp rules, which a
+        """Whether the rules do nothing but suppress columns and apply Whisper's timestamp rules (which a
         ``fused_choice`` applies from the rows' states) at every position this pass verifies (from each live
         row's generated length on: ``rules.suppress_only_from``)."""
-        start = suppress_only_from(replace(rules, timestamps=None))
+        start = suppress_only_from(rules)
         return start is not None and min((g for g, c in zip(gen_lens, counts) if c), default=0) >= start
 
     def _accept(self, req: Request, verified: Verified, drafts: list[list[int]], qs: list | None, gen_lens: list[int],

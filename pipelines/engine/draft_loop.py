@@ -155,7 +155,7 @@ def draft_on_device(decoder, cache, enc: EncoderOutput | None, rules: Rules, max
     ts = rules.timestamps
     ts_key = None if ts is None else replace(ts, prompt_len=0)  # (the graphs never read the prompt's length)
     loop.begin(room, stop_below, stamps if ts is not None else None)
-    fixed_from = suppress_only_from(replace(rules, timestamps=None))  # the loop applies the timestamp rules itself
+    fixed_from = suppress_only_from(rules)  # (the loop applies the timestamp rules itself, from its own state)
     suppress = column_index(decoder.vocab_ids, rules.suppress, device) if rules.suppress else None
     text_end = text_columns(ts, decoder.vocab_ids) if ts is not None else 0
 

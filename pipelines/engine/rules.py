@@ -73,11 +73,12 @@ def rules_from_generation_config(gen, prompt_len: int, max_new_tokens: int) -> R
 
 
 def suppress_only_from(rules: Rules) -> int | None:
-    """The generated length from which ``apply_rules`` does nothing but fill the suppressed columns: past
-    the first token's suppressions and forced token, and past a minimum length (where an end of sequence is
-    forbidden). None where no length is: processors and timestamp rules read each prefix, and a forced last
-    token depends on max_new_tokens. A device loop applies the suppression alone from there on."""
-    if rules.processors or rules.timestamps is not None or rules.forced_last is not None:
+    """The generated length from which ``apply_rules`` does nothing but fill the suppressed columns and apply
+    Whisper's timestamp rules: past the first token's suppressions and forced token, and past a minimum length
+    (where an end of sequence is forbidden). None where no length is: processors read each prefix, and a forced
+    last token depends on max_new_tokens. From there on a device loop or graph applies the suppression and the
+    timestamp rules from each row's timestamp state (``timestamps.py``)."""
+    if rules.processors or rules.forced_last is not None:
         return None
     start = 1 if rules.begin_suppress or rules.forced_first is not None else 0
     return max(start, rules.min_new_tokens) if rules.eos else start
