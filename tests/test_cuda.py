@@ -78,7 +78,8 @@ def test_full_width_passes_replay_captured_graphs(cuda_runner, speech_real):
     pooled = [c for caches in decoder._graph_pool.free.values() for c in caches]
     assert pooled and all(c.graph is not None and c.graph.graph is not None for c in pooled)
     assert len(pooled) == len(decoder._graph_pool.free)  # one cache per shape: lent again, not made again
-    # past the first token greedy verification is chosen by a graph over the pass's output (fused_choice)
+    # greedy verification is chosen by a graph over the pass's output (fused_choice; the first round too where
+    # the prompt and the drafts go through one pass)
     assert all(c.choices and all(g.graph is not None for g in c.choices.values()) for c in pooled)
     assert all(c.cross_graph is not None and c.cross_graph.graph is not None for c in pooled)
 
@@ -143,7 +144,7 @@ def test_graphs_replayed_with_ragged_rows_on_random_weights():
         assert len(set(result.stats.accepted_hist)) > 1  # rows accepted different numbers of drafts
         pooled = [c for caches in main._graph_pool.free.values() for c in caches]
         assert pooled and all(c.graph is not None and c.graph.graph is not None for c in pooled)
-        assert all(list(c.choices) == [((), None)] and c.choices[((), None)].graph is not None for c in pooled)  # no rules
+        assert all(list(c.choices) == [((), False, None)] and c.choices[((), False, None)].graph is not None for c in pooled)  # no rules
         # the assistant's steps replayed with the draft loop's epilogue (draft_loop.py): its one-token steps
         # and the padded first feeds of a round (1, 2, 4 or 8 columns), every one captured
         pooled = [c for caches in lean._graph_pool.free.values() for c in caches]

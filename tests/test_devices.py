@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from pipelines.asr import TranscribeOptions
 from pipelines.asr.outputs import run_signature
@@ -255,39 +256,38 @@ def test_aligned_rows_pads_only_on_cuda():
     assert aligned_rows(x) is x
 
 
+_PUTS = (torch.ops.aten.index_put_, torch.ops.aten.index_put, torch.ops.aten._index_put_impl_)
+
+class ScalarPuts(TorchDispatchMode):
+    """Records an index_put_ of a 0-dim value, and a copy_ from a tensor torch made of a Python number
+    (``lift_fresh``: ``row[c] = -inf`` copies it into one element, blocking on CUDA as well)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+        self.lifted: list[torch.Tensor] = []  # kept alive: their ids stay theirs
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.overloadpacket in _PUTS:
+            values = args[2] if len(args) > 2 else kwargs["values"]
+            if values.dim() == 0:
+                self.seen.append(str(func))
+        if func.overloadpacket is torch.ops.aten.copy_ and any(args[1] is t for t in self.lifted):
+            self.seen.append(str(func))
+        out = func(*args, **kwargs)
+        if func.overloadpacket in (torch.ops.aten.lift_fresh, torch.ops.aten.lift_fresh_copy):
+            self.lifted.append(out)
+        return out
+
+
 def test_rules_copy_no_python_number_to_the_device():
     """The rules forbid columns with ``index_fill_``: an indexed assignment of a Python number
     (``logits[..., idx] = -inf``) makes torch copy the number to the logits' device as a tensor first, a
     blocking copy that waits for the stream on CUDA (an H200 run counted it once per rules call, 35 of
     the 50 synchronisations of a greedy decode of 4 rows in 7 rounds). Checked on the CPU through the operations torch dispatches: no
     ``index_put_`` of a 0-dim value, over the full vocabulary and a reduced one, and the same columns forbidden."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from pipelines.engine.rules import Rules, TimestampRules, apply_rules
-
-    puts = (torch.ops.aten.index_put_, torch.ops.aten.index_put, torch.ops.aten._index_put_impl_)
-
-    class ScalarPuts(TorchDispatchMode):
-        """Records an index_put_ of a 0-dim value, and a copy_ from a tensor torch made of a Python number
-        (``lift_fresh``: ``row[c] = -inf`` copies it into one element, blocking on CUDA as well)."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.seen: list[str] = []
-            self.lifted: list[torch.Tensor] = []  # kept alive: their ids stay theirs
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            if func.overloadpacket in puts:
-                values = args[2] if len(args) > 2 else kwargs["values"]
-                if values.dim() == 0:
-                    self.seen.append(str(func))
-            if func.overloadpacket is torch.ops.aten.copy_ and any(args[1] is t for t in self.lifted):
-                self.seen.append(str(func))
-            out = func(*args, **kwargs)
-            if func.overloadpacket in (torch.ops.aten.lift_fresh, torch.ops.aten.lift_fresh_copy):
-                self.lifted.append(out)
-            return out
 
     rules = Rules(eos=(2,), suppress=(5, 7), begin_suppress=(3,), min_new_tokens=2)
     lens = torch.tensor([[0, 1], [1, 2], [2, 3]])  # (rows, positions): new tokens before each position
@@ -318,31 +318,37 @@ def test_rules_copy_no_python_number_to_the_device():
         assert torch.equal(logits.isinf(), forbidden)
 
 
-def test_from_suppress_only_from_on_the_rules_are_the_suppression_alone():
-    """``rules.suppress_only_from``: the generated length from which ``apply_rules`` fills the suppressed
-    columns and nothing else (what the draft loop's fused graphs apply): the first token's rules and a
-    minimum length move it, rules that read prefixes or max_new_tokens have none. Checked against
-    ``apply_rules`` itself at every length below 8, full and reduced vocabulary."""
-    from pipelines.engine.rules import Rules, apply_rules, suppress_only_from
+def test_from_device_rules_from_on_the_device_rules_are_apply_rules():
+    """``rules.device_rules_from``: the generated length from which ``apply_rules`` does what the device paths do
+    from each row's generated length alone (the suppressed columns, then ``apply_length_rules``: the first
+    token's suppressions, no end of sequence before a minimum length), to the bit; before it (a forced first
+    token) they differ, and rules that read prefixes or max_new_tokens have none. Checked against
+    ``apply_rules`` itself at every length below 8, full and reduced vocabulary, several rows at once, with no
+    Python number copied to the device."""
+    from pipelines.engine.rules import Rules, apply_length_rules, apply_rules, device_rules_from, length_columns
 
     cases = [Rules(), Rules(eos=(2,), suppress=(5, 7)), Rules(eos=(2,), suppress=(5,), begin_suppress=(3,)),
-             Rules(eos=(2,), begin_suppress=(3,), min_new_tokens=4), Rules(eos=(), min_new_tokens=4),
-             Rules(eos=(2,), forced_first=8)]
-    assert [suppress_only_from(r) for r in cases] == [0, 0, 1, 4, 0, 1]
-    assert suppress_only_from(Rules(eos=(2,), forced_last=2)) is None
+             Rules(eos=(2,), begin_suppress=(3, 7), min_new_tokens=4), Rules(eos=(), min_new_tokens=4),
+             Rules(eos=(2, 8), min_new_tokens=3), Rules(eos=(2,), forced_first=8)]
+    assert [device_rules_from(r) for r in cases] == [0, 0, 0, 0, 0, 0, 1]
+    assert device_rules_from(Rules(eos=(2,), forced_last=2)) is None
     # Whisper's timestamp rules do not move it: the device paths apply them from each row's timestamp state
     from pipelines.engine.rules import TimestampRules
 
     stamps = TimestampRules(no_timestamps=6, begin=7, eos=2, prompt_len=1)
-    assert [suppress_only_from(dataclasses.replace(r, timestamps=stamps)) for r in cases] == [0, 0, 1, 4, 0, 1]
+    assert [device_rules_from(dataclasses.replace(r, timestamps=stamps)) for r in cases] == [0, 0, 0, 0, 0, 0, 1]
+    gen = torch.arange(8)
     for rules in cases:
         for vocab in (None, [1, 2, 3, 5, 8]):
             width = 10 if vocab is None else len(vocab)
-            for g in range(8):
-                logits = torch.randn(1, 1, width, generator=torch.Generator().manual_seed(g))
-                expected = logits.clone()
-                apply_rules(rules, logits, torch.tensor([[g]]), 16, vocab=vocab)
-                if rules.suppress:
-                    cols = [c for c, t in enumerate(vocab or range(width)) if t in rules.suppress]
-                    expected[..., cols] = float("-inf")
-                assert torch.equal(logits, expected) == (g >= suppress_only_from(rules)), (rules, vocab, g)
+            logits = torch.randn(8, 1, width, generator=torch.Generator().manual_seed(len(rules.eos)))
+            expected = logits.clone()
+            apply_rules(rules, expected, gen[:, None], 16, vocab=vocab)
+            if rules.suppress:
+                cols = [c for c, t in enumerate(vocab or range(width)) if t in rules.suppress]
+                logits[..., cols] = float("-inf")
+            with ScalarPuts() as mode:
+                apply_length_rules(rules, logits[:, 0], gen, length_columns(rules, vocab, logits.device))
+            assert mode.seen == []
+            same = [torch.equal(logits[g], expected[g]) for g in range(8)]
+            assert same == [g >= device_rules_from(rules) for g in range(8)], (rules, vocab, same)

@@ -347,20 +347,21 @@ def test_static_draft_cache_computes_the_ragged_caches_logits():
     assert 0 < accepted < drafted  # drafts kept and rejected: rollbacks ran
     assert stats["static"] == stats["ragged"]  # the same drafts, round by round
     # rules that read the generated length (no end of sequence before 12 tokens, a token kept from the
-    # first): the draft loop applies them from host lengths while they can bite, then replays its fused
-    # steps (draft_loop.py); outputs equal plain decoding's, the drafts the ragged cache's and the host
-    # loop's (``ModelDrafter.draft``, which applies every rule at every step)
+    # first): the draft loop applies them on the device from each row's length (rules.apply_length_rules),
+    # its fused steps replaying while they bite (draft_loop.py); outputs equal plain decoding's, the drafts the
+    # ragged cache's and the host loop's (``ModelDrafter.draft``, which applies every rule at every step)
     strict = dataclasses.replace(rules, min_new_tokens=12, begin_suppress=tuple(refs[0][:1]))
     options = DecodeOptions(max_new_tokens=max_new, policy=PolicyOptions("constant", 3))
     plain = AssistedDecoder(as_decoder(main), None, pad_id=pad).generate(prompts, strict, options)
-    # the main decoder's static path: its graph chooses past the 12th token only (fused_choice), the rules
-    # that read the generated length applied before on the host (else the suppressed first token returns)
+    # the main decoder's static path: its graph chooses (fused_choice), the rules that read the generated length
+    # applied on the device from each position's length while they bite (else the suppressed first token returns)
     static_main = as_decoder(main)
     static_main.graphs = "eager"
     for drafter in (None, model_drafter(CausalDraftDecoder(near, int8=False), share_encoder=False, pad_id=pad)):
         r = AssistedDecoder(static_main, drafter, pad_id=pad).generate(prompts, strict, options)
         assert [list(t) for t in r.tokens] == [list(t) for t in plain.tokens]
-    assert all(c[0].choices for c in static_main._graph_pool.free.values())
+    chosen = {k[1] for c in static_main._graph_pool.free.values() for k in c[0].choices}
+    assert chosen == {False, (strict.begin_suppress, 12, strict.eos)}  # with the length rules while they bite, then without
     drafts = {}
     for name in ("host", "ragged", "static"):
         helper = CausalDraftDecoder(near, int8=False)
@@ -372,5 +373,6 @@ def test_static_draft_cache_computes_the_ragged_caches_logits():
         drafts[name] = (r.stats.drafted, r.stats.accepted, r.stats.rounds)
         if name == "static":
             cache = next(iter(helper._graph_pool.free.values()))[0]
-            assert ("step", 1) in {k[:2] for k in cache.fused}  # past the 12th token, fused steps
+            assert ("step", 1) in {k[:2] for k in cache.fused}
+            assert {bool(k[4]) for k in cache.fused} == {True, False}  # fused steps with the length rules, then without
     assert drafts["static"] == drafts["ragged"] == drafts["host"], drafts

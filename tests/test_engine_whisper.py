@@ -210,11 +210,12 @@ def test_static_writes_and_pooled_caches_keep_outputs_exact(setup):
             result = engine.generate([PROMPT] * len(rows), rules, options, encoder_output=enc.select(torch.tensor(rows)))
             assert [_strip_eot(list(t)) for t in result.tokens] == [refs[r] for r in rows]
             logprobs.setdefault(make is None, []).append(result.sum_logprobs)
-    # past the first token (its suppressions read the generated length) the pass's own graph applies the
-    # suppressed ids and chooses (fixed.FixedShapeDecoder.fused_choice): the same log-probabilities, to the bit
+    # past the first round (its prompt goes through a prompt pass) the pass's own graph applies the suppressed
+    # ids and chooses (fixed.FixedShapeDecoder.fused_choice): the same log-probabilities, to the bit; no
+    # position there is a first token, so the graph holds no length rule
     assert logprobs[True] == logprobs[False]
     pooled = static._graph_pool.free
-    assert all(list(c[0].choices) == [(rules.suppress, None)] for c in pooled.values())
+    assert all(list(c[0].choices) == [(rules.suppress, False, None)] for c in pooled.values())
     assert sorted(pooled) == sorted({(1, 448, static.shape.width_for(1)), (4, 448, static.shape.width_for(4))})
     assert all(len(caches) == 1 for caches in pooled.values())  # each lent again, never two of one shape
     cache = pooled[(1, 448, static.shape.width_for(1))][0]
@@ -223,24 +224,49 @@ def test_static_writes_and_pooled_caches_keep_outputs_exact(setup):
 
 
 def test_the_choice_graph_reads_each_row_from_its_pending_token(setup):
-    """The first round with the no-speech check's logits (``logits_at``: the prompt and the drafts through
-    one full-width pass, each row's first verified column is its prompt's last) and rules that a choice graph
-    could apply from the first token on (no first-token suppression): the choice is made on the host there,
-    so the output equals the ragged path's (a graph reading from column 0 chose the token after
+    """The first round with the no-speech check's logits (``logits_at``: the prompt and the drafts through one
+    full-width pass, each row's first verified column its prompt's last) is chosen by the pass's choice graph
+    too, each row read from that column on, with the rules of a first token applied on the device (Whisper's
+    first-token suppressions, from each position's generated length; and with its timestamp rules, the
+    first timestamp's): outputs equal the ragged path's, and log-probabilities the same passes' chosen on the
+    host, to the bit, batch 1 and 4, with and without those suppressions and timestamps (a graph reading from column 0 chose the token after
     <|startoftranscript|>)."""
     import dataclasses
 
+    from pipelines.engine.timestamps import TimestampRules
     from pipelines.engine.whisper import WhisperDecoder
 
     decoder, enc, _, rules, _ = setup
-    free = dataclasses.replace(rules, begin_suppress=())
+    gen = decoder.model.generation_config
+    stamps = TimestampRules.from_generation_config(gen, 3)
     options = DecodeOptions(max_new_tokens=MAX_NEW, policy=PolicyOptions("constant", 3), logits_at=0)
-    want = AssistedDecoder(decoder, None, pad_id=EOT).generate([PROMPT], free, options, encoder_output=enc.select(torch.tensor([0])))
-    static = WhisperDecoder(decoder.model, width=CUDA_SHAPE.width)
-    static.graphs = "eager"
-    got = AssistedDecoder(static, None, pad_id=EOT).generate([PROMPT], free, options, encoder_output=enc.select(torch.tensor([0])))
-    assert got.tokens == want.tokens
-    assert all(c[0].choices for c in static._graph_pool.free.values())  # and the graph chose the later rounds
+    for case, prompt in ((rules, PROMPT), (dataclasses.replace(rules, begin_suppress=()), PROMPT),
+                         (dataclasses.replace(rules, timestamps=stamps), PROMPT[:3])):
+        static = WhisperDecoder(decoder.model, width=CUDA_SHAPE.width)
+        static.graphs = "eager"
+        offsets = []
+        choose = static.fused_choice
+
+        def recorded(cache, logits, rules, offs, states, choose=choose, offsets=offsets):
+            made = choose(cache, logits, rules, offs, states)
+            offsets.append(made is not None and max(offs))
+            return made
+
+        static.fused_choice = recorded
+        host = WhisperDecoder(decoder.model, width=CUDA_SHAPE.width)  # the same passes, the rules and choice eager
+        host.graphs = "eager"
+        host.fused_choice = lambda *args: None
+        for rows in ([0], [0, 1, 2, 3]):
+            window, batch = enc.select(torch.tensor(rows)), [prompt] * len(rows)
+            want = AssistedDecoder(decoder, None, pad_id=EOT).generate(batch, case, options, encoder_output=window)
+            eager = AssistedDecoder(host, None, pad_id=EOT).generate(batch, case, options, encoder_output=window)
+            got = AssistedDecoder(static, None, pad_id=EOT).generate(batch, case, options, encoder_output=window)
+            assert got.tokens == want.tokens == eager.tokens, (case, rows)
+            assert got.sum_logprobs == eager.sum_logprobs and torch.equal(got.prompt_logits, eager.prompt_logits)
+        assert offsets.count(len(prompt) - 1) == 2, offsets  # each request's first round chosen by the graph
+        if case.begin_suppress:  # a graph with the first token's rules, another without
+            keys = {k[1] for c in static._graph_pool.free.values() for k in c[0].choices}
+            assert keys == {False, (case.begin_suppress, case.min_new_tokens, case.eos)}, keys
 
 
 def test_static_draft_cache_drafts_as_the_ragged_one(setup):
@@ -329,7 +355,7 @@ def test_timestamp_rules_in_the_device_draft_loop(setup, windows):
                 for d in (None, model_drafter(lean, share_encoder=True, pad_id=EOT))]
         assert all([list(t) for t in r.tokens] == plain for r in runs)
         assert runs[0].sum_logprobs == runs[1].sum_logprobs
-        key = (rules.suppress, replace(stamps, prompt_len=0))  # (the prompt's length is read on the host only)
+        key = (rules.suppress, False, replace(stamps, prompt_len=0))  # (the prompt's length: read on the host only)
         assert all(list(c[0].choices) == [key] for c in static._graph_pool.free.values())
 
 

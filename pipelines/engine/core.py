@@ -28,7 +28,7 @@ from .decoders import Decoder, EncoderOutput
 from .drafters import DrafterFactory
 from .policies import CostMemory, PolicyOptions, make_policy
 from .rows import from_host, gather_rows
-from .rules import PAD_GEN_LEN, Rules, Sampling, apply_rules, suppress_only_from
+from .rules import PAD_GEN_LEN, Rules, Sampling, apply_rules, device_rules_from
 
 
 @dataclass(frozen=True)
@@ -144,13 +144,14 @@ class Verified:
     """A verify pass: ``logits`` (B, n, V) as the main decoder returned them, ``sel`` (B, width, V) each live
     row's logits from its last pending token on after the rules (-inf past its drafts), ``counts`` the
     positions of each row in ``sel`` (drafts + 1; 0 for a finished row). Or, greedy where the main decoder's
-    graph chose (``choice``: ``verify.greedy_choice`` (2, B, >= width) of the pass, the rules applied),
-    ``sel`` None."""
+    graph chose (``choice``: ``verify.greedy_choice`` (2, B, >= width) of the pass, the rules applied, row b's
+    positions from column ``offsets[b]`` on), ``sel`` None."""
 
     logits: torch.Tensor
     sel: torch.Tensor | None
     counts: list[int]
     choice: torch.Tensor | None = None
+    offsets: list[int] | None = None  # with ``choice``: each row's first column there
 
     @property
     def width(self) -> int:
@@ -264,15 +265,16 @@ class AssistedDecoder:
         width = max(len(dr) for dr in drafts) + 1
         # each live row's logits from its last pending token on: (B, width, V), -inf past its drafts
         counts = [0 if req.done[b] else len(dr) + 1 for b, dr in enumerate(drafts)]
-        # the choice graph reads each row from column 0: every live row's pending token first (not the first
-        # round's prompt, whose logits may come from one pass when the no-speech check asks for them)
-        if not options.do_sample and all(len(p) <= 1 for p in req.pending) and self._rules_fixed(rules, gen_lens, counts):
-            ts = rules.timestamps  # the timestamp state before each position (timestamps.py), when decoding with them
-            stamps = None if ts is None else [[ts.state(req.seqs[b] + dr[:j]) for j in range(c)]
-                                              for b, (dr, c) in enumerate(zip(drafts, counts))]
-            choice = self.main.fused_choice(cache, logits, rules.suppress, ts, stamps)
-            if choice is not None:  # the pass's graph applied the suppression and chose
-                return Verified(logits, None, counts, choice)
+        if not options.do_sample and self._rules_fixed(rules, gen_lens, counts):
+            # each row's positions from its last pending token on: column len(pending) - 1 - need of the pass (in
+            # the first round with the no-speech check's logits, the prompt's last; later, column 0)
+            offsets = [max(len(p) - 1, 0) - max(n, 0) for p, n in zip(req.pending, need)]
+            ts = rules.timestamps  # each position's generated length, and its timestamp state with timestamp rules
+            states = [[(g + j,) + (() if ts is None else ts.state(req.seqs[b] + dr[:j])) for j in range(c)]
+                      for b, (g, dr, c) in enumerate(zip(gen_lens, drafts, counts))]
+            choice = self.main.fused_choice(cache, logits, rules, offsets, states)
+            if choice is not None:  # the pass's graph applied the rules and chose
+                return Verified(logits, None, counts, choice, offsets)
         sel = gather_rows(logits, [max(len(p) - 1, 0) for p in req.pending], counts, width)
         # gen_len per position, a host tensor: the rules decide on the host (apply_rules)
         lens = torch.tensor([[g + j if j < c else PAD_GEN_LEN for j in range(width)] for g, c in zip(gen_lens, counts)],
@@ -285,10 +287,10 @@ class AssistedDecoder:
 
     @staticmethod
     def _rules_fixed(rules: Rules, gen_lens: list[int], counts: list[int]) -> bool:
-        """Whether the rules do nothing but suppress columns and apply Whisper's timestamp rules (which a
-        ``fused_choice`` applies from the rows' states) at every position this pass verifies (from each live
-        row's generated length on: ``rules.suppress_only_from``)."""
-        start = suppress_only_from(rules)
+        """Whether a ``fused_choice`` can apply the rules (from each position's generated length and timestamp
+        state) at every position this pass verifies (from each live row's generated length on:
+        ``rules.device_rules_from``)."""
+        start = device_rules_from(rules)
         return start is not None and min((g for g, c in zip(gen_lens, counts) if c), default=0) >= start
 
     def _accept(self, req: Request, verified: Verified, drafts: list[list[int]], qs: list | None, gen_lens: list[int],
@@ -301,7 +303,7 @@ class AssistedDecoder:
         accepted, emitted = [0] * rows, [[] for _ in range(rows)]
         best_lp = None
         if verified.choice is not None:  # chosen by the pass's graph: one read
-            best, best_lp = verify.read_choice(verified.choice, verified.width)
+            best, best_lp = verify.read_choice(verified.choice, verified.width, verified.offsets)
         elif sampling is None and row_ops.indexed(sel.device):  # the argmax and its log-probability everywhere: one read
             best, best_lp = verify.argmax_logprobs(sel)
         elif sampling is None:  # a CPU (reads cost nothing): the argmax now, log-probabilities of emitted tokens below

@@ -74,8 +74,8 @@ class Decoder:
         logits = self._forward(ids, positions, additive_mask(allowed, self.dtype), cache.cache, enc)
         return logits.float(), real
 
-    def fused_choice(self, cache, logits: torch.Tensor, suppress: tuple[int, ...], timestamps=None,
-                     stamps=None) -> torch.Tensor | None:
+    def fused_choice(self, cache, logits: torch.Tensor, rules, offsets: list[int],
+                     states: list[list[tuple[int, ...]]]) -> torch.Tensor | None:
         """Greedy verification's choice from a graph of the pass that returned ``logits`` (a fixed-shape
         decoder's static cache, ``fixed.FixedShapeDecoder.fused_choice``): not here."""
         return None

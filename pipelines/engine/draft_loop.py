@@ -5,8 +5,8 @@ max_new_tokens). Step 0 feeds each row the tokens the drafter has not seen yet (
 k + 1 a row); every later step feeds each row its own last draft. After step j, on the device:
 
     nxt[b]         = logits[b, last real column of row b]        (B, V'): the next-token logits
-    nxt            = rules(nxt)                                   suppressed columns -inf (the rules of
-                                                                  the first tokens: on the host, below)
+    nxt            = rules(nxt)                                   suppressed columns -inf; the first token's and
+                                                                  the minimum length's by gen[b] + j
     tok[b]         = vocab[argmax nxt[b]]                         (vocab: the draft head's column -> id)
     chosen[:, j]   = tok, alive                                   alive: rows whose step-j token is a draft
     alive[b]      &= (j + 1 < room[b]) & (tok[b] != eos)  [& softmax(nxt[b])[tok] >= stop_below]
@@ -19,8 +19,10 @@ one graph (``LeanDecoder.fused_step``): the cache's commit, the rules, the argma
 stop flags and the next step's inputs replay with the layers, where they were about twenty launches and
 host work each (the H200 probe of 2026-12-04: 5.3 ms a round against 1.4 ms of kernels). A later step reads
 its inputs from the loop's own buffers: its replay copies nothing in. Rules that read a step's generated
-length (the first token's suppressions, a minimum length, a forced token) are applied by ``apply_rules``
-from host lengths, outside the graph, at the steps where they can bite; every other step replays. Whisper's
+length (the first token's suppressions, a minimum length) are applied from each row's generated length
+before the round (``gen``) plus the step, on the device (``rules.apply_length_rules``), so a request's first
+round replays too; rules the device cannot apply (a forced token, transformers processors) are applied by
+``apply_rules`` from host lengths, outside the graph, at the steps where they can bite. Whisper's
 timestamp rules read the row's prefix: the loop keeps what they read, four numbers a row (``stamps``,
 ``timestamps.py``), and moves them on after every step's token, on the device and inside the graph.
 """
@@ -35,7 +37,16 @@ import torch
 from .cache import EncoderOutput
 from .draft_cache import StaticDraftCache
 from .rows import StillRunning, from_host
-from .rules import PAD_GEN_LEN, Rules, apply_rules, column_index, suppress_only_from
+from .rules import (
+    PAD_GEN_LEN,
+    Rules,
+    apply_length_rules,
+    apply_rules,
+    column_index,
+    device_rules_from,
+    length_columns,
+    length_rules_until,
+)
 from .timestamps import TimestampRules, apply_timestamp_masks, column_ids, text_columns, timestamp_bounds
 
 NEG_INF = float("-inf")
@@ -48,6 +59,7 @@ class DraftLoop:
         ids (B, 1) long, alive (B,) bool: the next one-token step's input (each row's last draft; whether it drafts;
                 ``real``: alive as (B, 1), a view, the step's real-token flags)
         room (B,) long: the drafts each row may take this round;  step (1,) long: the step being run (j)
+        gen (B,) long: each row's generated length before the round (step j's token is its gen + j-th)
         chosen (2, B, steps) long: [0] the token of every step, [1] whether it is a draft (1) or not (0),
                 together so that the round's end reads them in one copy
         running (1,) bool: whether any row is alive;  threshold (1,) float64: stop_below, when drafting by confidence
@@ -61,19 +73,20 @@ class DraftLoop:
         self.ids = torch.zeros(rows, 1, dtype=torch.long, device=device)
         self.alive = torch.zeros(rows, dtype=torch.bool, device=device)
         self.real = self.alive.view(rows, 1)
-        self.plan = torch.zeros(5, rows, dtype=torch.long, device=device)  # room and stamps: one copy a round
-        self.room = self.plan[0]
+        self.plan = torch.zeros(6, rows, dtype=torch.long, device=device)  # room, gen, stamps: one copy a round
+        self.room, self.gen = self.plan[0], self.plan[1]
         self.step = torch.zeros(1, dtype=torch.long, device=device)
         self.chosen = torch.zeros(2, rows, steps, dtype=torch.long, device=device)
         self.running = torch.zeros(1, dtype=torch.bool, device=device)
         self.threshold = torch.zeros(1, dtype=torch.float64, device=device)
-        self.stamps = self.plan[1:]
+        self.stamps = self.plan[2:]
         self.rows = torch.arange(rows, device=device)
 
-    def begin(self, room: list[int], stop_below: float | None, stamps: list[tuple[int, ...]] | None = None) -> None:
-        """A new round: ``room[b]`` drafts for row b, from step 0; ``stamps[b]``: row b's timestamp state
-        (``TimestampRules.state``) with Whisper's timestamp rules."""
-        host = [room] + ([list(s) for s in zip(*stamps)] if stamps else [])
+    def begin(self, room: list[int], gen_lens: list[int], stop_below: float | None,
+              stamps: list[tuple[int, ...]] | None = None) -> None:
+        """A new round: ``room[b]`` drafts for row b, from step 0, ``gen_lens[b]`` tokens generated before them;
+        ``stamps[b]``: row b's timestamp state (``TimestampRules.state``) with Whisper's timestamp rules."""
+        host = [room, gen_lens] + ([list(s) for s in zip(*stamps)] if stamps else [])
         self.plan[: len(host)].copy_(torch.tensor(host, dtype=torch.long, device="cpu"), non_blocking=True)  # staged by CUDA
         torch.gt(self.room, 0, out=self.alive)
         self.step.zero_()
@@ -154,9 +167,12 @@ def draft_on_device(decoder, cache, enc: EncoderOutput | None, rules: Rules, max
     loop = loop_for(cache, rows, device, steps)
     ts = rules.timestamps
     ts_key = None if ts is None else replace(ts, prompt_len=0)  # (the graphs never read the prompt's length)
-    loop.begin(room, stop_below, stamps if ts is not None else None)
-    fixed_from = suppress_only_from(rules)  # (the loop applies the timestamp rules itself, from its own state)
+    loop.begin(room, gen_lens, stop_below, stamps if ts is not None else None)
+    fixed_from = device_rules_from(rules)  # (the loop applies them from its own lengths and timestamp state)
     suppress = column_index(decoder.vocab_ids, rules.suppress, device) if rules.suppress else None
+    lengths = length_columns(rules, decoder.vocab_ids, device)
+    # (a round whose every draft comes at or past the length rules' last length skips them)
+    by_length = any(c is not None for c in lengths) and min(g for g, r in zip(gen_lens, room) if r) < length_rules_until(rules)
     text_end = text_columns(ts, decoder.vocab_ids) if ts is not None else 0
 
     stamp_ids: list[torch.Tensor] = []  # the columns' ids, made at the first step (before any capture) and held
@@ -171,6 +187,8 @@ def draft_on_device(decoder, cache, enc: EncoderOutput | None, rules: Rules, max
     def fixed_rules(nxt: torch.Tensor) -> None:  # what apply_rules does from the fixed_from-th token on
         if suppress is not None:
             nxt.index_fill_(-1, suppress, NEG_INF)
+        if by_length:  # step j's token is each row's gen + j-th
+            apply_length_rules(rules, nxt[:, 0], loop.gen + loop.step, lengths)
         timestamp_rules(nxt)
 
     def host_rules(j: int):  # apply_rules with step j's generated lengths (read on the host), then the timestamps'
@@ -194,7 +212,8 @@ def draft_on_device(decoder, cache, enc: EncoderOutput | None, rules: Rules, max
             break
         fixed = fixed_from is not None and min(g + j for g, r in zip(gen_lens, room) if j < r) >= fixed_from
         if fixed and decoder.fuses(ids, cache, enc):
-            key = ("feed" if j == 0 else "step", ids.shape[1], rules.suppress, rules.eos, stop_below is not None, ts_key)
+            key = ("feed" if j == 0 else "step", ids.shape[1], rules.suppress, rules.eos,
+                   by_length and (rules.begin_suppress, rules.min_new_tokens), stop_below is not None, ts_key)
             inputs = None if j == 0 else (loop.ids, loop.real)
             with contextlib.nullcontext() if key in cache.fused else loop.resting():
                 step = decoder.fused_step(cache, key, commit_and_finish, inputs)

@@ -40,8 +40,8 @@ from .cache import EncoderOutput
 from .decoders import Decoder
 from .graphs import GraphPool, PassGraph, Pooled, graphs_enabled
 from .rows import from_host, scatter_rows, to_device
-from .rules import column_index
-from .timestamps import TimestampRules, apply_timestamp_masks, column_ids, text_columns, timestamp_bounds
+from .rules import PAD_GEN_LEN, Rules, apply_length_rules, column_index, length_columns, length_rules_until
+from .timestamps import apply_timestamp_masks, column_ids, text_columns, timestamp_bounds
 from .verify import greedy_choice
 
 Tile = tuple[torch.Tensor, list[tuple[int, int, int]]]  # ids, positions and slots (3, B, w) on the host; where
@@ -211,45 +211,61 @@ class FixedShapeDecoder(Decoder):
             cache.graph = PassGraph(run, (tile,), self.device, capture=self.graphs == "capture")
         return cache.graph
 
-    def fused_choice(self, cache: FixedCache, logits: torch.Tensor, suppress: tuple[int, ...],
-                     timestamps: TimestampRules | None = None,
-                     stamps: list[list[tuple[int, ...]]] | None = None) -> torch.Tensor | None:
+    def fused_choice(self, cache: FixedCache, logits: torch.Tensor, rules: Rules, offsets: list[int],
+                     states: list[list[tuple[int, ...]]]) -> torch.Tensor | None:
         """Greedy verification of the pass that returned ``logits`` in a graph of its own over the pass graph's
         output (captured on CUDA, one per cache and rules): ``verify.greedy_choice`` (2, B, W) of every column
-        after the ``suppress`` columns are set to -inf and, with Whisper's ``timestamps`` rules, their mask from
-        ``stamps[b][j]``, the timestamp state before position j of row b (``TimestampRules.state``; copied in
-        once): what the engine otherwise does eagerly with ``apply_rules`` and ``verify.argmax_logprobs`` (the
+        after the rules the device applies (``rules.device_rules_from``: the suppressed columns, the first
+        token's and the minimum length's by each position's generated length, and with Whisper's timestamp rules
+        their mask). Row b's positions are its columns ``offsets[b]`` on; ``states[b][j]`` is position j's
+        (generated length,) or, with timestamp rules, (generated length, *``TimestampRules.state``), copied in
+        once. What the engine otherwise does eagerly with ``apply_rules`` and ``verify.argmax_logprobs`` (the
         same operations on each row). None where ``logits`` are not that output itself (no static cache, a
-        prompt pass or several passes before)."""
+        prompt pass or several passes before) or a row's positions do not fit in it."""
         graph = cache.graph
         if graph is None or graph.output is None or logits.data_ptr() != graph.output.data_ptr():
             return None
         batch, width = len(cache.next_pos), cache.width
-        key = (suppress, None if timestamps is None else replace(timestamps, prompt_len=0))  # (never read here)
+        if any(o + len(s) > width for o, s in zip(offsets, states)):
+            return None
+        timestamps = rules.timestamps
+        lengths = length_columns(rules, None, self.device)  # made before any capture
+        # (past the length rules' last length at every position: a graph without them)
+        by_length = any(c is not None for c in lengths) and min(
+            (s[0] for row in states for s in row), default=PAD_GEN_LEN) < length_rules_until(rules)
+        key = (rules.suppress, by_length and (rules.begin_suppress, rules.min_new_tokens, rules.eos),
+               None if timestamps is None else replace(timestamps, prompt_len=0))  # (never read here)
         choice = cache.choices.get(key)
         if choice is None:
-            columns = column_index(None, suppress, self.device) if suppress else None  # made before any capture
+            columns = column_index(None, rules.suppress, self.device) if rules.suppress else None
             ids = None if timestamps is None else column_ids(None, self.head_weight.shape[0], self.device)
 
             def run(out: torch.Tensor, state: torch.Tensor | None = None) -> torch.Tensor:
                 out = out.view(batch * width, -1)
                 if columns is not None:
                     out = out.index_fill(-1, columns, float("-inf"))
+                elif state is not None:
+                    out = out.clone()  # (the pass's output stays as it is)
+                if by_length:
+                    apply_length_rules(rules, out, state[0], lengths)
                 if timestamps is not None:
-                    out = out if columns is not None else out.clone()
-                    apply_timestamp_masks(timestamps, out, ids, timestamp_bounds(timestamps, state),
+                    apply_timestamp_masks(timestamps, out, ids, timestamp_bounds(timestamps, state[1:]),
                                           text_columns(timestamps, None))
                 return greedy_choice(out.view(batch, width, -1))
 
-            inputs = (graph.output,)  # with timestamps also the positions' states (4, B * W)
-            if timestamps is not None:
-                inputs += (torch.zeros(4, batch * width, dtype=torch.long, device=self.device),)
+            inputs = (graph.output,)  # and, where rules read them, the columns' lengths and timestamp states
+            if by_length or timestamps is not None:
+                inputs += (torch.zeros(5, batch * width, dtype=torch.long, device=self.device),)
             choice = cache.choices[key] = PassGraph(run, inputs, self.device, capture=self.graphs == "capture")
-        if timestamps is None:
+        if not by_length and timestamps is None:
             return choice(graph.output)
-        pad = (0, 1, -1, 1)  # a column past a row's positions (its choice is not read)
-        rows = [[list(row[j]) if j < len(row) else list(pad) for j in range(width)] for row in stamps]
-        return choice(graph.output, torch.tensor(rows, dtype=torch.long, device="cpu").view(-1, 4).T.contiguous())
+        pad = [PAD_GEN_LEN, 0, 1, -1, 1]  # a column outside a row's positions (its choice is not read)
+        rows = []
+        for o, row in zip(offsets, states):
+            cells = [pad] * width
+            cells[o : o + len(row)] = [list(s) + pad[len(s):] for s in row]
+            rows.extend(cells)
+        return choice(graph.output, torch.tensor(rows, dtype=torch.long, device="cpu").T.contiguous())
 
     def writer(self, positions: torch.Tensor, write):
         """``store(buffer, new)``: writes a tile's keys or values ``new`` (B, H, w, Dh) into ``buffer`` (B, H, S, Dh).

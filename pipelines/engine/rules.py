@@ -72,16 +72,45 @@ def rules_from_generation_config(gen, prompt_len: int, max_new_tokens: int) -> R
     )
 
 
-def suppress_only_from(rules: Rules) -> int | None:
-    """The generated length from which ``apply_rules`` does nothing but fill the suppressed columns and apply
-    Whisper's timestamp rules: past the first token's suppressions and forced token, and past a minimum length
-    (where an end of sequence is forbidden). None where no length is: processors read each prefix, and a forced
-    last token depends on max_new_tokens. From there on a device loop or graph applies the suppression and the
-    timestamp rules from each row's timestamp state (``timestamps.py``)."""
+def device_rules_from(rules: Rules) -> int | None:
+    """The generated length from which ``apply_rules`` does nothing a device path cannot do from each position's
+    generated length and timestamp state alone (no host read): fill the suppressed columns, the first token's
+    suppressions and the minimum length's end ids (``apply_length_rules``), Whisper's timestamp rules
+    (``timestamps.py``). 0 for Whisper's rules; 1 past a forced first token; None where processors read each
+    prefix or a forced last token depends on max_new_tokens. From there on the draft loop's steps and the
+    main decoder's choice graph apply the rules on the device."""
     if rules.processors or rules.forced_last is not None:
         return None
-    start = 1 if rules.begin_suppress or rules.forced_first is not None else 0
-    return max(start, rules.min_new_tokens) if rules.eos else start
+    return 1 if rules.forced_first is not None else 0
+
+
+def length_rules_until(rules: Rules) -> int:
+    """The generated length from which ``apply_length_rules`` changes nothing: past the first token where its
+    ids are suppressed, and past a minimum length."""
+    return max(1 if rules.begin_suppress else 0, rules.min_new_tokens if rules.eos else 0)
+
+
+def length_columns(rules: Rules, vocab: Sequence[int] | None, device: torch.device) -> tuple[torch.Tensor | None, ...]:
+    """What ``apply_length_rules`` fills, as ``column_index`` tensors on ``device`` (made once, before any graph
+    captures them): the columns of the first token's suppressed ids, and of the end ids while a minimum length
+    holds; None where that rule is off (or none of its ids is among the columns)."""
+    first = column_index(vocab, rules.begin_suppress, device) if rules.begin_suppress else None
+    ends = column_index(vocab, rules.eos, device) if rules.min_new_tokens and rules.eos else None
+    return tuple(None if c is None or not c.numel() else c for c in (first, ends))
+
+
+def apply_length_rules(rules: Rules, logits: torch.Tensor, gen: torch.Tensor, columns: tuple[torch.Tensor | None, ...]) -> None:
+    """Constrain ``logits`` (N, V') in place from ``gen`` (N,) long, each row's generated length, on the logits'
+    device: -inf at the first token's suppressed columns where gen == 0 and at the end ids' where
+    gen < min_new_tokens (``columns``: ``length_columns``). What ``apply_rules`` does with ``begin_suppress`` and
+    ``min_new_tokens``, by device operations only: a row's columns are taken out, filled where the rule holds
+    and put back, the rest unchanged to the bit."""
+    first, ends = columns
+    for cols, holds in ((first, lambda: gen == 0), (ends, lambda: gen < rules.min_new_tokens)):
+        if cols is not None:
+            part = logits.index_select(-1, cols)
+            part.masked_fill_(holds()[:, None], NEG_INF)
+            logits.index_copy_(-1, cols, part)
 
 
 def _forbid(logits: torch.Tensor, where: torch.Tensor, vocab: Sequence[int] | None, tokens: tuple[int, ...]) -> None:
