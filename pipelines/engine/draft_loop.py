@@ -18,7 +18,8 @@ On a static draft cache (``draft_cache.StaticDraftCache``, the CUDA path) a step
 one graph (``LeanDecoder.fused_step``): the cache's commit, the rules, the argmax, the vocabulary map, the
 stop flags and the next step's inputs replay with the layers, where they were about twenty launches and
 host work each (the H200 probe of 2026-12-04: 5.3 ms a round against 1.4 ms of kernels). A later step reads
-its inputs from the loop's own buffers: its replay copies nothing in. Rules that read a step's generated
+its inputs from the loop's own buffers: its replay copies nothing in; so does a round's first step, whose feed
+comes from the host with the round's other numbers, in one copy. Rules that read a step's generated
 length (the first token's suppressions, a minimum length) are applied from each row's generated length
 before the round (``gen``) plus the step, on the device (``rules.apply_length_rules``), so a request's first
 round replays too; rules the device cannot apply (a forced token, transformers processors) are applied by
@@ -35,7 +36,7 @@ from dataclasses import replace
 import torch
 
 from .cache import EncoderOutput
-from .draft_cache import StaticDraftCache
+from .draft_cache import FEED_WIDTHS, StaticDraftCache, feed_width
 from .rows import StillRunning, from_host
 from .rules import (
     PAD_GEN_LEN,
@@ -65,7 +66,11 @@ class DraftLoop:
         running (1,) bool: whether any row is alive;  threshold (1,) float64: stop_below, when drafting by confidence
         stamps (4, B) long: each row's timestamp state before the next step (``timestamps.py``), with
                 Whisper's timestamp rules
+        feed ids (B, F) long, feed real (B, F) bool: the round's first feed on a static draft cache (the tokens
+                each row's drafter has not seen, padding after; F the widest fused feed): step 0's input,
+                whose graph reads them where they are (``feed_of``)
 
+    Each round's numbers (room, gen, the feed, stamps) come from the host in one copy (``staged``).
     A static draft cache keeps one (its graphs read these addresses); a ragged cache's round makes its own."""
 
     def __init__(self, rows: int, device: torch.device, steps: int) -> None:
@@ -73,33 +78,54 @@ class DraftLoop:
         self.ids = torch.zeros(rows, 1, dtype=torch.long, device=device)
         self.alive = torch.zeros(rows, dtype=torch.bool, device=device)
         self.real = self.alive.view(rows, 1)
-        self.plan = torch.zeros(6, rows, dtype=torch.long, device=device)  # room, gen, stamps: one copy a round
-        self.room, self.gen = self.plan[0], self.plan[1]
+        widest = FEED_WIDTHS[-1]
+        # room, gen (B each), the feed's ids and flags (B * F each), stamps (4 * B): one copy a round
+        self.staged = torch.zeros((6 + 2 * widest) * rows, dtype=torch.long, device=device)
+        self.room, self.gen = self.staged[:rows], self.staged[rows : 2 * rows]
+        self.feed_ids = self.staged[2 * rows : (2 + widest) * rows].view(rows, widest)
+        self.feed_flags = self.staged[(2 + widest) * rows : (2 + 2 * widest) * rows].view(rows, widest)
+        self.feed_real = torch.zeros(rows, widest, dtype=torch.bool, device=device)
         self.step = torch.zeros(1, dtype=torch.long, device=device)
         self.chosen = torch.zeros(2, rows, steps, dtype=torch.long, device=device)
         self.running = torch.zeros(1, dtype=torch.bool, device=device)
         self.threshold = torch.zeros(1, dtype=torch.float64, device=device)
-        self.stamps = self.plan[2:]
+        self.stamps = self.staged[(2 + 2 * widest) * rows :].view(4, rows)
         self.rows = torch.arange(rows, device=device)
 
     def begin(self, room: list[int], gen_lens: list[int], stop_below: float | None,
-              stamps: list[tuple[int, ...]] | None = None) -> None:
+              stamps: list[tuple[int, ...]] | None = None, feeds: list[list[int]] | None = None, pad_id: int = 0) -> None:
         """A new round: ``room[b]`` drafts for row b, from step 0, ``gen_lens[b]`` tokens generated before them;
-        ``stamps[b]``: row b's timestamp state (``TimestampRules.state``) with Whisper's timestamp rules."""
-        host = [room, gen_lens] + ([list(s) for s in zip(*stamps)] if stamps else [])
-        self.plan[: len(host)].copy_(torch.tensor(host, dtype=torch.long, device="cpu"), non_blocking=True)  # staged by CUDA
+        ``stamps[b]``: row b's timestamp state (``TimestampRules.state``) with Whisper's timestamp rules;
+        ``feeds[b]``: the tokens row b's drafter has not seen, at most F (``feed_of``; None: fed otherwise)."""
+        widest = self.feed_ids.shape[1]
+        host = room + gen_lens
+        if feeds is not None or stamps:
+            feeds = feeds or [[] for _ in room]
+            host += [t for f in feeds for t in f + [pad_id] * (widest - len(f))]
+            host += [int(j < len(f)) for f in feeds for j in range(widest)]
+        if stamps:
+            host += [v for s in zip(*stamps) for v in s]
+        self.staged[: len(host)].copy_(torch.tensor(host, dtype=torch.long, device="cpu"), non_blocking=True)  # staged by CUDA
+        if feeds is not None:
+            torch.ne(self.feed_flags, 0, out=self.feed_real)
         torch.gt(self.room, 0, out=self.alive)
         self.step.zero_()
         if stop_below is not None:
             self.threshold.fill_(stop_below)
 
+    def feed_of(self, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The round's first feed as ids and real-token flags (B, ``width``), views of the loop's buffers (a
+        graph over them reads each round's feed without a copy)."""
+        return self.feed_ids[:, :width], self.feed_real[:, :width]
+
     @contextlib.contextmanager
     def resting(self):
         """No row alive meanwhile, then the state as it was: a graph's warm-up runs (``graphs.PassGraph``)
         over the loop's buffers then write the scratch slot only and commit nothing."""
-        buffers = (self.ids, self.alive, self.room, self.step, self.chosen, self.running, self.stamps)
+        buffers = (self.ids, self.alive, self.room, self.step, self.chosen, self.running, self.stamps, self.feed_real)
         saved = [t.clone() for t in buffers]
         self.alive.zero_()
+        self.feed_real.zero_()  # (a first feed's warm-up too)
         self.step.zero_()  # warm-ups write the first columns (the state is put back after)
         try:
             yield
@@ -167,7 +193,9 @@ def draft_on_device(decoder, cache, enc: EncoderOutput | None, rules: Rules, max
     loop = loop_for(cache, rows, device, steps)
     ts = rules.timestamps
     ts_key = None if ts is None else replace(ts, prompt_len=0)  # (the graphs never read the prompt's length)
-    loop.begin(room, gen_lens, stop_below, stamps if ts is not None else None)
+    # a static draft cache's first feed goes with the round's numbers and is read where it lies
+    staged = isinstance(cache, StaticDraftCache) and max(len(f) for f in feeds) <= FEED_WIDTHS[-1]
+    loop.begin(room, gen_lens, stop_below, stamps if ts is not None else None, feeds if staged else None, pad_id)
     fixed_from = device_rules_from(rules)  # (the loop applies them from its own lengths and timestamp state)
     suppress = column_index(decoder.vocab_ids, rules.suppress, device) if rules.suppress else None
     lengths = length_columns(rules, decoder.vocab_ids, device)
@@ -204,7 +232,7 @@ def draft_on_device(decoder, cache, enc: EncoderOutput | None, rules: Rules, max
 
     decoder.ready(cache, enc)  # (a request's first round: its cross-attention, so that step 0 can replay too)
     probe = StillRunning(device)
-    ids, real = cache.tensors_of(feeds, pad_id)
+    ids, real = loop.feed_of(feed_width(max(len(f) for f in feeds))) if staged else cache.tensors_of(feeds, pad_id)
     counts = [len(f) for f in feeds]
     taken = 0
     for j in range(steps):
@@ -214,10 +242,10 @@ def draft_on_device(decoder, cache, enc: EncoderOutput | None, rules: Rules, max
         if fixed and decoder.fuses(ids, cache, enc):
             key = ("feed" if j == 0 else "step", ids.shape[1], rules.suppress, rules.eos,
                    by_length and (rules.begin_suppress, rules.min_new_tokens), stop_below is not None, ts_key)
-            inputs = None if j == 0 else (loop.ids, loop.real)
+            inputs = (ids, real) if j == 0 and staged else None if j == 0 else (loop.ids, loop.real)
             with contextlib.nullcontext() if key in cache.fused else loop.resting():
                 step = decoder.fused_step(cache, key, commit_and_finish, inputs)
-            running = step(ids, real) if j == 0 else step()
+            running = step(ids, real) if j == 0 and not staged else step()  # (read where they lie: no copy)
         else:
             logits, _ = decoder.forward_ids(ids, real, cache, enc)
             cache.commit(real, counts)
