@@ -376,3 +376,76 @@ def test_static_draft_cache_computes_the_ragged_caches_logits():
             assert ("step", 1) in {k[:2] for k in cache.fused}
             assert {bool(k[4]) for k in cache.fused} == {True, False}  # fused steps with the length rules, then without
     assert drafts["static"] == drafts["ragged"] == drafts["host"], drafts
+
+
+def test_static_paths_warmed_up_ragged_first_rounds_and_rules_that_change(monkeypatch):
+    """The CUDA path's buffers run eagerly, as a capture meets them: every graph runs its two warm-ups when it
+    is made (``graphs.PassGraph`` does so before capturing on CUDA; eager graphs skip them), over inputs that
+    must write nothing but scratch and leave the draft loop as it was (``DraftLoop.resting``: no row alive, no
+    real token in a round's first feed). The pooled caches serve rules without the length rules first, then
+    rules with them (a graph key that left them out would replay the first graph), and ragged prompts short
+    enough for one pass with ``logits_at`` 0 are chosen by the choice graph in their first round, each row at
+    its own column. Tokens equal plain ragged decoding's; log-probabilities and the prompt's logits equal the
+    same passes' chosen on the host, to the bit; the drafts equal the ragged cache's, round by round."""
+    from pipelines.engine import graphs
+    from pipelines.engine.causal import FixedCausalDecoder
+    from pipelines.engine.causal_draft import CausalDraftDecoder
+
+    make = graphs.PassGraph.__init__
+
+    def warmed(self, run, inputs, device, capture=True):
+        make(self, run, inputs, device, capture)
+        if not capture:
+            for _ in range(2):
+                run(*inputs)
+
+    monkeypatch.setattr(graphs.PassGraph, "__init__", warmed)
+    main = make_causal("llama", layers=2, seed=0)
+    near = make_causal("llama", layers=2, seed=0)
+    with torch.no_grad():
+        for p in near.parameters():
+            p.add_(0.3 * p.std() * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    ids, mask = sources(4, seed=3)
+    prompts = [ids[b, :n].tolist() for b, n in enumerate((2, 3, 1, 2))]
+    max_new, pad = 20, main.config.pad_token_id
+    loose = rules_from_generation_config(main.generation_config, 1, max_new)
+    plain = AssistedDecoder(as_decoder(main), None, pad_id=pad).generate(prompts, loose, DecodeOptions(max_new_tokens=max_new))
+    strict = dataclasses.replace(loose, min_new_tokens=12, begin_suppress=tuple(t[0] for t in plain.tokens[:2]))
+    static, host = FixedCausalDecoder(main, width=8), FixedCausalDecoder(main, width=8)
+    static.graphs = host.graphs = "eager"
+    host.fused_choice = lambda *args: None  # the same passes, the rules and the choice eager
+    firsts = []
+    choose = static.fused_choice
+
+    def recorded(cache, logits, rules, offsets, states):
+        made = choose(cache, logits, rules, offsets, states)
+        firsts.append(made is not None and offsets)
+        return made
+
+    static.fused_choice = recorded
+    lean = CausalDraftDecoder(near, int8=False)
+    lean.graphs = "eager"
+    drafters = {"static": model_drafter(lean, share_encoder=False, pad_id=pad),
+                "ragged": model_drafter(CausalDraftDecoder(near, int8=False), share_encoder=False, pad_id=pad)}
+    wants = {rules: AssistedDecoder(as_decoder(main), None, pad_id=pad).generate(prompts, rules, DecodeOptions(max_new_tokens=max_new))
+             for rules in (loose, strict)}
+    assert wants[loose].tokens != wants[strict].tokens  # the length rules change the output
+    for rules, want in wants.items():
+        for logits_at in (0, None):
+            options = DecodeOptions(max_new_tokens=max_new, policy=PolicyOptions("constant", 3), logits_at=logits_at)
+            runs = {}
+            for name, decoder, drafter in (("plain", static, None), ("plain host", host, None),
+                                           ("static", static, drafters["static"]), ("host", host, drafters["ragged"])):
+                runs[name] = AssistedDecoder(decoder, drafter, pad_id=pad).generate(prompts, rules, options)
+                assert runs[name].tokens == want.tokens, (name, rules, logits_at)
+            assert runs["plain"].sum_logprobs == runs["plain host"].sum_logprobs
+            assert runs["static"].sum_logprobs == runs["host"].sum_logprobs
+            if logits_at is not None:
+                assert torch.equal(runs["static"].prompt_logits, runs["host"].prompt_logits)
+            stats = [(r.stats.drafted, r.stats.accepted, r.stats.rounds) for r in (runs["static"], runs["host"])]
+            assert stats[0] == stats[1], stats
+    assert [1, 2, 0, 1] in firsts  # a first round chosen by the graph, each row from its prompt's last token
+    chosen = {k[1] for c in static._graph_pool.free.values() for k in c[0].choices}
+    assert chosen == {False, (strict.begin_suppress, 12, strict.eos)}
+    fused = {bool(k[4]) for c in lean._graph_pool.free.values() for k in c[0].fused}
+    assert fused == {True, False}

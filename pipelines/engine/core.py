@@ -266,9 +266,10 @@ class AssistedDecoder:
         # each live row's logits from its last pending token on: (B, width, V), -inf past its drafts
         counts = [0 if req.done[b] else len(dr) + 1 for b, dr in enumerate(drafts)]
         if not options.do_sample and self._rules_fixed(rules, gen_lens, counts):
-            # each row's positions from its last pending token on: column len(pending) - 1 - need of the pass (in
-            # the first round with the no-speech check's logits, the prompt's last; later, column 0)
-            offsets = [max(len(p) - 1, 0) - max(n, 0) for p, n in zip(req.pending, need)]
+            # each row's positions from its last pending token on: its column len(pending) - 1 in the pass's output
+            # (a token's logits sit at its chunk index; in the first round with the no-speech check's logits, the
+            # prompt's last; later, column 0), as gather_rows reads them below
+            offsets = [max(len(p) - 1, 0) for p in req.pending]
             ts = rules.timestamps  # each position's generated length, and its timestamp state with timestamp rules
             states = [[(g + j,) + (() if ts is None else ts.state(req.seqs[b] + dr[:j])) for j in range(c)]
                       for b, (g, dr, c) in enumerate(zip(gen_lens, drafts, counts))]
