@@ -1,5 +1,6 @@
 """Debian's English package descriptions (the ``Translation-en`` index of apt's lists), the text source of the
-summarization set and of the distillation corpus.
+summarization set and of the distillation corpus; and Debian's ``fortunes`` package (fortune cookies:
+quotations, literature, humour), the corpus's everyday English beside the descriptions' software English.
 
 apt fetches the index from the machine's Debian mirror (a package registry, reachable here). Each stanza
 gives ``Package``, ``Description-md5`` (the md5 of the original description, which names its text exactly:
@@ -77,3 +78,44 @@ def _parse_translation_index(text: str) -> Iterable[Description]:
             yield Description(package, md5, desc_lines[0], long)
 
 
+@dataclass(frozen=True)
+class TextFile:
+    package: str
+    name: str  # the file's name in the package
+    md5: str  # of its text: names this text exactly
+    text: str
+
+
+def read_fortunes(package: str = "fortunes", folder: Path | None = None) -> list[TextFile]:
+    """The fortune files of Debian's ``package`` (``/usr/share/games/fortunes/*`` but the ``.dat`` indexes and
+    ``.u8`` links), from its ``.deb`` fetched with ``apt-get download`` through the same lists as ``read_index``
+    into ``folder`` (default: the cache's downloads/debs) and unpacked with ``dpkg-deb``. Raises DataBuildError
+    where apt cannot fetch it."""
+    import hashlib
+
+    folder = folder or paths.downloads_dir() / "debs"
+    debs = sorted(folder.glob(f"{package}_*.deb"))
+    if not debs:
+        if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
+            raise DataBuildError(f"Debian's {package} package needs apt-get and dpkg-deb (a Debian-based machine)")
+        lists_dir = paths.downloads_dir() / "apt-lists"
+        read_index(lists_dir)  # (apt's package lists there, fetched once)
+        folder.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(["apt-get", "download", "-q", "-o", f"Dir::State::Lists={lists_dir}", package],
+                              capture_output=True, text=True, cwd=folder)
+        debs = sorted(folder.glob(f"{package}_*.deb"))
+        if proc.returncode != 0 or not debs:
+            raise DataBuildError(f"apt-get could not download {package}: {proc.stderr.strip()[-300:]}")
+    unpacked = folder / debs[-1].stem
+    if not unpacked.is_dir():
+        tmp = folder / f"{debs[-1].stem}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        subprocess.run(["dpkg-deb", "-x", str(debs[-1]), str(tmp)], check=True, capture_output=True)
+        tmp.rename(unpacked)
+    files = []
+    for path in sorted((unpacked / "usr/share/games/fortunes").iterdir()):
+        if path.suffix in (".dat", ".u8") or path.is_symlink() or not path.is_file():
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        files.append(TextFile(package, path.name, hashlib.md5(text.encode("utf-8")).hexdigest(), text))
+    return files

@@ -21,6 +21,16 @@ from pipelines.synthesis import Speaker
 TEACHER = "embedded:whisper-base bfloat16"
 
 
+@pytest.fixture(autouse=True)
+def no_fortunes(monkeypatch):
+    """No fortunes package downloaded (``debian.read_fortunes`` of the cache gives none): these tests give
+    their own sentences."""
+    from pipelines import debian
+
+    real = debian.read_fortunes
+    monkeypatch.setattr(debian, "read_fortunes", lambda package="fortunes", folder=None: real(package, folder) if folder else [])
+
+
 @pytest.fixture(scope="module")
 def sentences() -> Sentences:
     """Debian-like addresses over the project's own sentences (no apt index needed)."""
@@ -359,3 +369,63 @@ def test_a_run_labels_what_the_corpus_lacks_before_encoding_what_it_holds(tmp_pa
     assert shards.build_features(opts, None, make, [0, 1, 2, 3, 4], 8, None, lines.append, HeldCorpus()) == 5
     assert [int(ln.split()[1].rstrip(":")) for ln in lines] == [1, 3, 0, 2, 4] and order == [("label", 1), ("label", 3)]
     assert "labelling" in lines[0] and "labels from the corpus" in lines[2]
+
+
+FORTUNES = """Whatever you do, do it well and do it now.
+		-- Anonymous
+%
+He who hesitates is probably right about something, sooner or later.  The cat
+sat there watching the rain all afternoon. Short one.
+%
+See http://example.org for the whole story of this long sentence here.
+%
+Go forward ten meters.
+"""
+
+
+def test_fortunes_give_addressed_sentences_drawn_beside_the_descriptions(monkeypatch):
+    """A fortune file's sentences (its ``%`` lines between fortunes, lines joined, attributions and sentences
+    outside 5-30 plain words or with an address left out, an evaluation set's sentence too) are addressed by
+    (fortunes/FILE, md5, index through the file); the corpus's pool draws them about as often as
+    descriptions, a sentence in both once."""
+    from pipelines import debian
+    from pipelines.distill import speech
+    from pipelines.distill.speech import corpus_sentences, fortune_sentences
+
+    files = [debian.TextFile("fortunes", "wisdom", "ab" * 16, FORTUNES)]
+    told = fortune_sentences({"Go forward ten meters."}, files)
+    assert sorted(told.text.values()) == ["He who hesitates is probably right about something, sooner or later.",
+                                          "The cat sat there watching the rain all afternoon.",
+                                          "Whatever you do, do it well and do it now."]
+    assert told.text[("fortunes/wisdom", "ab" * 16, 0)] == "Whatever you do, do it well and do it now."
+    assert told.text[("fortunes/wisdom", "ab" * 16, 3)] == "The cat sat there watching the rain all afternoon."
+    shared = "The cat sat there watching the rain all afternoon."
+    index = [debian.Description(f"pkg{i}", f"{i:032x}", "p", f"Package {i} converts many files quickly. {shared}")
+             for i in range(12)]
+    monkeypatch.setattr(debian, "read_index", lambda lists_dir=None: index)
+    both = corpus_sentences(set(), fortunes=files)
+    described = speech.debian_sentences(set())
+    assert set(both.text) == set(described.text) | set(told.text)
+    pool = both.train + both.heldout
+    assert sum(r[0].startswith("fortunes/") for r in pool) > 0
+    assert [both.text[r] for r in pool].count(shared) == 1 and ("fortunes/wisdom", "ab" * 16, 3) not in pool
+    drawn = [r[0].startswith("fortunes/") for r in both.train]  # about half the draws
+    assert 0.3 <= sum(drawn) / len(drawn) <= 0.7
+
+
+def test_fortune_files_are_read_from_the_unpacked_package(tmp_path):
+    """``debian.read_fortunes`` reads the package's fortune files, not their ``.dat`` indexes nor the ``.u8``
+    links, each named by the md5 of its text (the .deb already fetched and unpacked here)."""
+    import hashlib
+
+    from pipelines import debian
+
+    (tmp_path / "fortunes_1.0_all.deb").write_bytes(b"")
+    games = tmp_path / "fortunes_1.0_all" / "usr/share/games/fortunes"
+    games.mkdir(parents=True)
+    (games / "wisdom").write_text(FORTUNES)
+    (games / "wisdom.dat").write_bytes(b"\x00\x01")
+    (games / "wisdom.u8").symlink_to("wisdom")
+    got = debian.read_fortunes(folder=tmp_path)
+    assert got == [debian.TextFile("fortunes", "wisdom", hashlib.md5(FORTUNES.encode()).hexdigest(), FORTUNES)]
+

@@ -154,14 +154,14 @@ def build_corpus(opts: DistillOptions, teacher: Teacher, deadline: float | None,
         from ..synthesis import Speaker
         from .corpus import Corpus, CorpusError
         from .shards import SpeechSource
-        from .speech import debian_sentences, synthesis_versions
+        from .speech import corpus_sentences, synthesis_versions
 
         try:
             corpus = Corpus(opts.corpus or default_corpus(teacher.ref), teacher.name, synthesis_versions())
         except CorpusError as e:
             raise DistillError(str(e)) from None
         # one Piper thread, sleeping when idle: the next shard is synthesised while the model labels this one
-        source = SpeechSource(opts, corpus, debian_sentences(set(project_sentences())), Speaker(piper_threads=1), tmp)
+        source = SpeechSource(opts, corpus, corpus_sentences(set(project_sentences())), Speaker(piper_threads=1), tmp)
         log(f"corpus {corpus.folder}: {len(corpus.shards())} shards committed "
             f"({sum(corpus.entry(s)['items'] for s in corpus.shards())} clips)")
         try:

@@ -1,11 +1,13 @@
 """The spoken part of the distillation corpus: which sentences, which voices, and a recipe per clip from
 which its audio is synthesised again, sample for sample, on any machine with the same synthesisers.
 
-Sentences come from Debian's English package descriptions (``pipelines.debian``), 5-30 plain words, none
-that an evaluation set holds. A sentence is addressed by (package, Description-md5, index of the sentence in
-that description): the md5 names the description's text exactly, so an address either gives the same
-sentence or nothing (the package left the index or its description changed: the clip is skipped and
-counted). Held-out sentences are chosen by a hash of their text (1 in 64), so the split stays the same as
+Sentences come from Debian's English package descriptions (``pipelines.debian``) and, since 2026-12-04, from
+Debian's ``fortunes`` package (quotations, literature, humour: the everyday words real speech uses and software
+descriptions lack; new clips draw them about half the time), 5-30 plain words, none that an evaluation set
+holds. A sentence is addressed by (package, Description-md5, index of the sentence in that description), or
+for a fortune ("fortunes/FILE", md5 of the file's text, index of the sentence in the file): the md5 names the
+text exactly, so an address either gives the same sentence or nothing (the package left the index or its
+text changed: the clip is skipped and counted). Held-out sentences are chosen by a hash of their text (1 in 64), so the split stays the same as
 the index changes from release to release.
 
 A recipe fixes everything random about a clip: the voice (flite kal/kal16/awb/rms/slt at a speed and
@@ -44,6 +46,39 @@ class Sentences:
     text: dict[SentenceRef, str]
     train: list[SentenceRef]
     heldout: list[SentenceRef]
+
+
+def fortune_sentences(exclude: set[str], files=None) -> Sentences:
+    """Sentences of 5-30 plain words from Debian's fortune files (``debian.read_fortunes``; ``files``: those
+    instead), minus ``exclude``; a file's fortunes are split at their ``%`` lines, each one's lines joined, its
+    sentences counted in order through the file. Raises ``debian.DataBuildError`` where the package cannot be
+    fetched."""
+    from ..debian import read_fortunes
+
+    text: dict[SentenceRef, str] = {}
+    first: dict[str, SentenceRef] = {}
+    for f in sorted(files if files is not None else read_fortunes(), key=lambda f: f.name):
+        pieces = [s for fortune in re.split(r"^%$", f.text, flags=re.M) for s in split_sentences(" ".join(fortune.split()))]
+        for i, s in enumerate(pieces):
+            if s in exclude or not 5 <= len(s.split()) <= 30 or not _CLEAN.match(s) or "http" in s:
+                continue
+            ref = (f"{f.package}/{f.name}", f.md5, i)
+            text[ref] = s
+            first.setdefault(s, ref)
+    refs = sorted(first.values())
+    return Sentences(text, [r for r in refs if not is_heldout(text[r])], [r for r in refs if is_heldout(text[r])])
+
+
+def corpus_sentences(exclude: set[str], lists_dir: Path | None = None, fortunes=None) -> Sentences:
+    """The corpus's sentences: Debian's descriptions (``debian_sentences``) and fortunes (``fortune_sentences``)
+    by address; the training pool draws a fortune about as often as a description (the smaller pool's
+    addresses repeated), a sentence in both once, as a description."""
+    described, told = debian_sentences(exclude, lists_dir), fortune_sentences(exclude, fortunes)
+    seen = set(described.text.values())
+    told_train = [r for r in told.train if told.text[r] not in seen]
+    weight = max(1, round(len(described.train) / max(len(told_train), 1)))
+    return Sentences({**told.text, **described.text}, described.train + told_train * weight,
+                     described.heldout + [r for r in told.heldout if told.text[r] not in seen])
 
 
 def split_sentences(long: str) -> list[str]:
