@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 import yaml
@@ -84,6 +85,11 @@ def test_an_exported_whisper_assistant_folder_loads_as_a_local_assistant(tmp_pat
     meta = json.loads((shipped / "assistant.json").read_text())
     assert built == str(embedded.distilled_path(shipped)) and config["decoder_layers"] == meta["layers"]
     assert config["draft_vocab"] == meta["draft_vocab"]
+    cut = tmp_path / "cut"  # the same layers with a smaller draft head: built apart, with its own head
+    shutil.copytree(shipped, cut)
+    (cut / "assistant.json").write_text(json.dumps({**meta, "draft_vocab": meta["draft_vocab"][::2]}))
+    assert json.loads((embedded.distilled_path(cut) / "config.json").read_text())["draft_vocab"] == meta["draft_vocab"][::2]
+    assert embedded.distilled_path(cut) != embedded.distilled_path(shipped)
     other = tmp_path / "other"
     other.mkdir()
     (other / "assistant.json").write_text(json.dumps({"base": "openai/whisper-large-v3", "sha256": "0" * 64}))

@@ -210,7 +210,8 @@ def _derived_path(spec: DerivedDecoder) -> Path:
     base_sha = json.loads((base_dir / STAMP).read_text())["weights_sha256"]
     final = paths.models_dir() / spec.name
     trained = _trained_meta(spec) if spec.trained else None
-    key = f"{base_sha}:{spec.layers}" + (f":{trained['sha256']}" if trained else "")
+    # a trained assistant: its layers and its draft vocabulary (assistant.json's, written into the built config)
+    key = f"{base_sha}:{spec.layers}" + (f":{trained['sha256']}:{json.dumps(trained.get('draft_vocab'))}" if trained else "")
     source = hashlib.sha256(key.encode()).hexdigest()
     if is_complete(final, source):
         return final
@@ -221,7 +222,7 @@ def _derived_path(spec: DerivedDecoder) -> Path:
 def distilled_path(folder: Path) -> Path:
     """The transformers folder of an assistant that ``tandem distill`` exported for an embedded Whisper
     (``folder``: its ``assistant.json`` and ``layers.safetensors``), built on first use and cached by the
-    layers' sha256; EmbeddedModelError when the folder is damaged or its base is not an embedded Whisper."""
+    layers' sha256 and its draft vocabulary; EmbeddedModelError when the folder is damaged or its base is not an embedded Whisper."""
     folder = Path(folder).resolve()
     try:
         meta = json.loads((folder / "assistant.json").read_text())
@@ -230,7 +231,8 @@ def distilled_path(folder: Path) -> Path:
     if meta.get("base") not in WHISPER:
         raise EmbeddedModelError(f"{folder}: distilled for {meta.get('base')!r}, not an embedded Whisper model "
                                  f"({', '.join(sorted(WHISPER))})")
-    spec = DerivedDecoder(f"distilled-{str(meta.get('sha256'))[:16]}", meta["base"], None, trained=str(folder))
+    vocab = hashlib.sha256(json.dumps(meta.get("draft_vocab")).encode()).hexdigest()[:8]  # (the same layers, another head)
+    spec = DerivedDecoder(f"distilled-{str(meta.get('sha256'))[:16]}-{vocab}", meta["base"], None, trained=str(folder))
     return _derived_path(spec)  # ASSISTANTS_DIR / an absolute path is that path
 
 
