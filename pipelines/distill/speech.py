@@ -7,8 +7,8 @@ descriptions lack; new clips draw them about half the time), 5-30 plain words, n
 holds. A sentence is addressed by (package, Description-md5, index of the sentence in that description), or
 for a fortune ("fortunes/FILE", md5 of the file's text, index of the sentence in the file): the md5 names the
 text exactly, so an address either gives the same sentence or nothing (the package left the index or its
-text changed: the clip is skipped and counted). Held-out sentences are chosen by a hash of their text (1 in 64), so the split stays the same as
-the index changes from release to release.
+text changed: the clip is skipped and counted). Held-out sentences are chosen by a hash of their text (1 in
+64), so the split stays the same as the index changes from release to release.
 
 A recipe fixes everything random about a clip: the voice (flite kal/kal16/awb/rms/slt at a speed and
 pitch, or Piper joe at a speed, noise scales 0: deterministic), the gain, the white noise (SNR and seed),
@@ -23,11 +23,15 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..audio import SAMPLE_RATE
 from ..synthesis import PIPER_DETERMINISTIC, Speaker
+
+if TYPE_CHECKING:
+    from ..debian import TextFile
 
 WINDOW_SECONDS = 30.0
 FLITE_VOICES = {"kal": (85, 125), "kal16": (85, 125), "awb": (90, 130), "rms": (80, 120), "slt": (150, 210)}
@@ -41,14 +45,15 @@ _CLEAN = re.compile(r"^[A-Za-z][A-Za-z0-9 ,.;:'()!?-]+[.!?]$")
 @dataclass(frozen=True)
 class Sentences:
     """The usable sentences of the index: text by address (every address), and the draw pools split into
-    held-out and training (each sorted; one address per distinct text, the first in (package, md5, index) order)."""
+    held-out and training (one address per distinct text, the first in (package, md5, index) order; a
+    source's addresses in order, ``corpus_sentences``' training pool repeating the fortunes' to weight them)."""
 
     text: dict[SentenceRef, str]
     train: list[SentenceRef]
     heldout: list[SentenceRef]
 
 
-def fortune_sentences(exclude: set[str], files=None) -> Sentences:
+def fortune_sentences(exclude: set[str], files: list[TextFile] | None = None) -> Sentences:
     """Sentences of 5-30 plain words from Debian's fortune files (``debian.read_fortunes``; ``files``: those
     instead), minus ``exclude``; a file's fortunes are split at their ``%`` lines, each one's lines joined, its
     sentences counted in order through the file. Raises ``debian.DataBuildError`` where the package cannot be
@@ -69,7 +74,7 @@ def fortune_sentences(exclude: set[str], files=None) -> Sentences:
     return Sentences(text, [r for r in refs if not is_heldout(text[r])], [r for r in refs if is_heldout(text[r])])
 
 
-def corpus_sentences(exclude: set[str], lists_dir: Path | None = None, fortunes=None) -> Sentences:
+def corpus_sentences(exclude: set[str], lists_dir: Path | None = None, fortunes: list[TextFile] | None = None) -> Sentences:
     """The corpus's sentences: Debian's descriptions (``debian_sentences``) and fortunes (``fortune_sentences``)
     by address; the training pool draws a fortune about as often as a description (the smaller pool's
     addresses repeated), a sentence in both once, as a description."""
