@@ -91,3 +91,8 @@ def test_the_state_moved_on_one_token_at_a_time_is_the_prefixes():
         ts.advance(state, tokens)
         want = [ts.state(PROMPT + (g[: j + 1] if j < len(g) else g + [1] * (j + 1 - len(g)))) for g in gens]
         assert state.T.tolist() == [list(w) for w in want], j
+    # its host twin over a row's drafts (the choice graph's states, core._verify)
+    for g in gens:
+        for cut in range(len(g) + 1):
+            assert ts.states_along(PROMPT + g[:cut], g[cut:], len(g) - cut + 1) == [
+                ts.state(PROMPT + g[: cut + j]) for j in range(len(g) - cut + 1)]

@@ -271,8 +271,10 @@ class AssistedDecoder:
             # prompt's last; later, column 0), as gather_rows reads them below
             offsets = [max(len(p) - 1, 0) for p in req.pending]
             ts = rules.timestamps  # each position's generated length, and its timestamp state with timestamp rules
-            states = [[(g + j,) + (() if ts is None else ts.state(req.seqs[b] + dr[:j])) for j in range(c)]
-                      for b, (g, dr, c) in enumerate(zip(gen_lens, drafts, counts))]
+            states = []
+            for b, (g, dr, c) in enumerate(zip(gen_lens, drafts, counts)):
+                stamps = ts.states_along(req.seqs[b], dr, c) if ts is not None else [()] * c
+                states.append([(g + j,) + stamps[j] for j in range(c)])
             choice = self.main.fused_choice(cache, logits, rules, offsets, states)
             if choice is not None:  # the pass's graph applied the rules and chose
                 return Verified(logits, None, counts, choice, offsets)

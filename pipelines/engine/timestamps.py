@@ -70,6 +70,16 @@ class TimestampRules:
         latest = next((t for t in reversed(prefix[self.prompt_len :]) if t >= self.begin), -1)
         return last_ts, pen_ts, latest, n
 
+    def states_along(self, prefix: list[int], tokens: list[int], count: int) -> list[tuple[int, int, int, int]]:
+        """``state(prefix + tokens[:j])`` for j < ``count``: the first from ``prefix``, each next moved on by one
+        token as ``advance`` moves it on the device (no prefix copied or scanned again)."""
+        out = [self.state(prefix)] if count else []
+        for t in tokens[: count - 1]:
+            last_ts, _, latest, n = out[-1]
+            is_ts = int(t >= self.begin)
+            out.append((is_ts, int(last_ts or n == 0), t if is_ts else latest, n + 1))
+        return out
+
     def advance(self, state: torch.Tensor, tokens: torch.Tensor) -> None:
         """``state`` (4, N) long (module docstring) after row i emitted ``tokens[i]`` (N,), in place on the
         device: what ``state`` of the prefix with the token appended gives."""
