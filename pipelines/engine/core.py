@@ -265,11 +265,11 @@ class AssistedDecoder:
         width = max(len(dr) for dr in drafts) + 1
         # each live row's logits from its last pending token on: (B, width, V), -inf past its drafts
         counts = [0 if req.done[b] else len(dr) + 1 for b, dr in enumerate(drafts)]
+        # each row's positions from its last pending token on: its column len(pending) - 1 in the pass's output (a
+        # token's logits sit at its chunk index; in the first round with the no-speech check's logits, the prompt's
+        # last; later, column 0)
+        offsets = [max(len(p) - 1, 0) for p in req.pending]
         if not options.do_sample and self._rules_fixed(rules, gen_lens, counts):
-            # each row's positions from its last pending token on: its column len(pending) - 1 in the pass's output
-            # (a token's logits sit at its chunk index; in the first round with the no-speech check's logits, the
-            # prompt's last; later, column 0), as gather_rows reads them below
-            offsets = [max(len(p) - 1, 0) for p in req.pending]
             ts = rules.timestamps  # each position's generated length, and its timestamp state with timestamp rules
             states = []
             for b, (g, dr, c) in enumerate(zip(gen_lens, drafts, counts)):
@@ -278,7 +278,7 @@ class AssistedDecoder:
             choice = self.main.fused_choice(cache, logits, rules, offsets, states)
             if choice is not None:  # the pass's graph applied the rules and chose
                 return Verified(logits, None, counts, choice, offsets)
-        sel = gather_rows(logits, [max(len(p) - 1, 0) for p in req.pending], counts, width)
+        sel = gather_rows(logits, offsets, counts, width)
         # gen_len per position, a host tensor: the rules decide on the host (apply_rules)
         lens = torch.tensor([[g + j if j < c else PAD_GEN_LEN for j in range(width)] for g, c in zip(gen_lens, counts)],
                             device="cpu")

@@ -242,10 +242,11 @@ def draft_on_device(decoder, cache, enc: EncoderOutput | None, rules: Rules, max
         if fixed and decoder.fuses(ids, cache, enc):
             key = ("feed" if j == 0 else "step", ids.shape[1], rules.suppress, rules.eos,
                    by_length and (rules.begin_suppress, rules.min_new_tokens), stop_below is not None, ts_key)
-            inputs = (ids, real) if j == 0 and staged else None if j == 0 else (loop.ids, loop.real)
+            # (a fused first step is a static cache's feed of at most F tokens: staged, read where it lies)
+            inputs = (ids, real) if j == 0 else (loop.ids, loop.real)
             with contextlib.nullcontext() if key in cache.fused else loop.resting():
                 step = decoder.fused_step(cache, key, commit_and_finish, inputs)
-            running = step(ids, real) if j == 0 and not staged else step()  # (read where they lie: no copy)
+            running = step()  # (its inputs are the loop's buffers: nothing copied in)
         else:
             logits, _ = decoder.forward_ids(ids, real, cache, enc)
             cache.commit(real, counts)

@@ -20,6 +20,20 @@ def from_host(data, dtype: torch.dtype, device: torch.device | str) -> torch.Ten
     return to_device(torch.tensor(data, dtype=dtype, device="cpu"), device)
 
 
+def per_vocabulary(memo: dict, limit: int, vocab, key: tuple, device: torch.device, make) -> torch.Tensor:
+    """``make()``, a tensor on ``device`` built from ``vocab`` (a drafter's sorted ids, or None), made once per
+    vocabulary object, ``key`` and device and then reused (never written): ``memo`` maps (id(vocab), key,
+    device) to (vocab, tensor). The entry keeps ``vocab`` alive, so its id names it while the entry lives;
+    past ``limit`` entries the memo starts again (a graph that read an entry holds the tensor itself)."""
+    full = (id(vocab), key, str(device))
+    hit = memo.get(full)
+    if hit is None or hit[0] is not vocab:
+        if len(memo) >= limit:
+            memo.clear()
+        hit = memo[full] = (vocab, make())
+    return hit[1]
+
+
 def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """A host tensor on ``device`` without a stream synchronisation (itself on a CPU)."""
     return tensor.to(device, non_blocking=True)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .rows import from_host, to_device
+from .rows import from_host, per_vocabulary, to_device
 from .timestamps import TimestampRules, apply_timestamp_rules
 
 NEG_INF = float("-inf")
@@ -106,11 +106,18 @@ def apply_length_rules(rules: Rules, logits: torch.Tensor, gen: torch.Tensor, co
     ``min_new_tokens``, by device operations only: a row's columns are taken out, filled where the rule holds
     and put back, the rest unchanged to the bit."""
     first, ends = columns
-    for cols, holds in ((first, lambda: gen == 0), (ends, lambda: gen < rules.min_new_tokens)):
-        if cols is not None:
-            part = logits.index_select(-1, cols)
-            part.masked_fill_(holds()[:, None], NEG_INF)
-            logits.index_copy_(-1, cols, part)
+    if first is not None:
+        _fill_rows(logits, first, gen == 0)
+    if ends is not None:
+        _fill_rows(logits, ends, gen < rules.min_new_tokens)
+
+
+def _fill_rows(logits: torch.Tensor, cols: torch.Tensor, where: torch.Tensor) -> None:
+    """logits[i, cols] = -inf where ``where[i]`` (N,) bool holds, on the device: the columns taken out, filled
+    and put back."""
+    part = logits.index_select(-1, cols)
+    part.masked_fill_(where[:, None], NEG_INF)
+    logits.index_copy_(-1, cols, part)
 
 
 def _forbid(logits: torch.Tensor, where: torch.Tensor, vocab: Sequence[int] | None, tokens: tuple[int, ...]) -> None:
@@ -130,24 +137,17 @@ def _forbid(logits: torch.Tensor, where: torch.Tensor, vocab: Sequence[int] | No
         logits[index] = sub
 
 
-# (id(vocab), tokens, device) -> (vocab, the columns of tokens as a long tensor on device); see column_index
-_COLUMN_INDEX: dict[tuple[int, tuple[int, ...], str], tuple[object, torch.Tensor]] = {}
+_COLUMN_INDEX: dict = {}  # rows.per_vocabulary's memo of column_index
 
 
 def column_index(vocab: Sequence[int] | None, tokens: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """``_columns(vocab, tokens)`` as a long tensor on ``device``, computed and copied once per vocabulary
-    object, token tuple and device, then reused (never written). Recomputed at every call, they were half
-    of a rules call's host time: Whisper base with the shipped assistant (its 16,644-token head, Whisper's
-    suppressed tokens), greedy at constant:3 on the CUDA path's choices on this 2-core Intel Xeon, 111 us a
-    call, 62 us with them kept (four calls a round). The entry keeps ``vocab`` alive, so its id names it
-    while the entry lives; at most 64 entries."""
-    key = (id(vocab), tuple(tokens), str(device))
-    hit = _COLUMN_INDEX.get(key)
-    if hit is None or hit[0] is not vocab:
-        if len(_COLUMN_INDEX) >= 64:
-            _COLUMN_INDEX.clear()
-        hit = _COLUMN_INDEX[key] = (vocab, from_host(_columns(vocab, tokens), torch.long, device))
-    return hit[1]
+    object, token tuple and device, then reused (``rows.per_vocabulary``, at most 64 entries). Recomputed at
+    every call, they were half of a rules call's host time: Whisper base with the shipped assistant (its
+    16,644-token head, Whisper's suppressed tokens), greedy at constant:3 on the CUDA path's choices on this
+    2-core Intel Xeon, 111 us a call, 62 us with them kept (four calls a round)."""
+    return per_vocabulary(_COLUMN_INDEX, 64, vocab, tuple(tokens), device,
+                          lambda: from_host(_columns(vocab, tokens), torch.long, device))
 
 
 def _force(scores: torch.Tensor, column: int | None) -> None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .rows import aligned_rows, from_host, rowwise_logsumexp, to_device
+from .rows import aligned_rows, from_host, per_vocabulary, rowwise_logsumexp, to_device
 
 NEG_INF = float("-inf")
 ANY = 1 << 40  # an upper bound past every id
@@ -139,18 +139,11 @@ def text_columns(ts: TimestampRules, vocab: Sequence[int] | None) -> int:
     return ts.begin if vocab is None else bisect.bisect_left(vocab, ts.begin)
 
 
-# (id(vocab), columns, device) -> (vocab, each column's id as a long tensor on device): made once, reused
-_COLUMN_IDS: dict[tuple[int, int, str], tuple[object, torch.Tensor]] = {}
+_COLUMN_IDS: dict = {}  # rows.per_vocabulary's memo of column_ids
 
 
 def column_ids(vocab: Sequence[int] | None, columns: int, device: torch.device) -> torch.Tensor:
     """(columns,) long on ``device``: the token id of each column (``vocab``, or the column itself), copied
-    once per vocabulary object and device (as ``rules.column_index``; at most 16 entries)."""
-    key = (id(vocab), columns, str(device))
-    hit = _COLUMN_IDS.get(key)
-    if hit is None or hit[0] is not vocab:
-        if len(_COLUMN_IDS) >= 16:
-            _COLUMN_IDS.clear()
-        ids = torch.arange(columns, device=device) if vocab is None else from_host(list(vocab), torch.long, device)
-        hit = _COLUMN_IDS[key] = (vocab, ids)
-    return hit[1]
+    once per vocabulary object and device (``rows.per_vocabulary``, at most 16 entries)."""
+    return per_vocabulary(_COLUMN_IDS, 16, vocab, (columns,), device, lambda: torch.arange(columns, device=device)
+                          if vocab is None else from_host(list(vocab), torch.long, device))

@@ -55,13 +55,10 @@ def read_choice(choice: torch.Tensor, width: int | None = None,
                 offsets: list[int] | None = None) -> tuple[list[list[int]], list[list[float]]]:
     """``greedy_choice``'s ids and log-probabilities per row, of its first ``width`` positions (default all), in
     one read; ``offsets[b]``: row b's positions start at that column."""
-    if offsets is not None and any(offsets):
-        ids, lps = choice.tolist()
-        end = width or choice.shape[-1]
-        ids, lps = [r[o : o + end] for r, o in zip(ids, offsets)], [r[o : o + end] for r, o in zip(lps, offsets)]
-    else:
-        ids, lps = (choice if width is None else choice[:, :, :width]).tolist()
-    return [[int(t) for t in row] for row in ids], lps
+    ids, lps = choice.tolist()
+    end = width or choice.shape[-1]
+    starts = offsets or [0] * len(ids)
+    return [[int(t) for t in r[o : o + end]] for r, o in zip(ids, starts)], [r[o : o + end] for r, o in zip(lps, starts)]
 
 
 def logprobs_at(logits: torch.Tensor, best: list[list[int]], counts: list[int]) -> list[list[float]]:
