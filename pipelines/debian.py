@@ -39,23 +39,29 @@ def debian_descriptions(lists_dir: Path | None = None) -> list[tuple[str, str, s
 def read_index(lists_dir: Path | None = None) -> list[Description]:
     """Every description of the English Translation index (apt-get update into ``lists_dir`` when it holds
     none; default: the cache's downloads/apt-lists). Raises DataBuildError where apt cannot fetch it."""
-    lists_dir = lists_dir or paths.downloads_dir() / "apt-lists"
-    files = sorted(lists_dir.glob("*_i18n_Translation-en*"))
-    if not files:
-        if shutil.which("apt-get") is None:
-            raise DataBuildError("Debian's descriptions need apt-get (a Debian-based machine)")
-        (lists_dir / "partial").mkdir(parents=True, exist_ok=True)
-        cmd = ["apt-get", "update", "-q", "-o", f"Dir::State::Lists={lists_dir}", "-o", "Acquire::Languages=en"]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        files = sorted(lists_dir.glob("*_i18n_Translation-en*"))
-        if proc.returncode != 0 or not files:
-            raise DataBuildError(f"apt-get update could not fetch the English descriptions: {proc.stderr.strip()[-300:]}")
     out: list[Description] = []
+    files = sorted(apt_lists(lists_dir).glob("*_i18n_Translation-en*"))
     for path in files:
         text = subprocess.run(["/usr/lib/apt/apt-helper", "cat-file", str(path)], capture_output=True,
                               text=True, check=True).stdout
         out += list(_parse_translation_index(text))
     return out
+
+
+def apt_lists(lists_dir: Path | None = None) -> Path:
+    """apt's package lists and English Translation index in ``lists_dir`` (default: the cache's
+    downloads/apt-lists), fetched with ``apt-get update`` when it holds no Translation index. Raises
+    DataBuildError where apt cannot fetch them."""
+    lists_dir = lists_dir or paths.downloads_dir() / "apt-lists"
+    if not any(lists_dir.glob("*_i18n_Translation-en*")):
+        if shutil.which("apt-get") is None:
+            raise DataBuildError("Debian's descriptions need apt-get (a Debian-based machine)")
+        (lists_dir / "partial").mkdir(parents=True, exist_ok=True)
+        cmd = ["apt-get", "update", "-q", "-o", f"Dir::State::Lists={lists_dir}", "-o", "Acquire::Languages=en"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0 or not any(lists_dir.glob("*_i18n_Translation-en*")):
+            raise DataBuildError(f"apt-get update could not fetch the English descriptions: {proc.stderr.strip()[-300:]}")
+    return lists_dir
 
 
 def _parse_translation_index(text: str) -> Iterable[Description]:
@@ -98,8 +104,7 @@ def read_fortunes(package: str = "fortunes", folder: Path | None = None) -> list
     if not debs:
         if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
             raise DataBuildError(f"Debian's {package} package needs apt-get and dpkg-deb (a Debian-based machine)")
-        lists_dir = paths.downloads_dir() / "apt-lists"
-        read_index(lists_dir)  # (apt's package lists there, fetched once)
+        lists_dir = apt_lists()
         folder.mkdir(parents=True, exist_ok=True)
         proc = subprocess.run(["apt-get", "download", "-q", "-o", f"Dir::State::Lists={lists_dir}", package],
                               capture_output=True, text=True, cwd=folder)

@@ -60,18 +60,13 @@ def fortune_sentences(exclude: set[str], files: list[TextFile] | None = None) ->
     fetched."""
     from ..debian import read_fortunes
 
-    text: dict[SentenceRef, str] = {}
-    first: dict[str, SentenceRef] = {}
-    for f in sorted(files if files is not None else read_fortunes(), key=lambda f: f.name):
-        pieces = [s for fortune in re.split(r"^%$", f.text, flags=re.M) for s in split_sentences(" ".join(fortune.split()))]
-        for i, s in enumerate(pieces):
-            if s in exclude or not 5 <= len(s.split()) <= 30 or not _CLEAN.match(s) or "http" in s:
-                continue
-            ref = (f"{f.package}/{f.name}", f.md5, i)
-            text[ref] = s
-            first.setdefault(s, ref)
-    refs = sorted(first.values())
-    return Sentences(text, [r for r in refs if not is_heldout(text[r])], [r for r in refs if is_heldout(text[r])])
+    files = sorted(files if files is not None else read_fortunes(), key=lambda f: f.name)
+    return addressed((((f"{f.package}/{f.name}", f.md5), fortune_pieces(f.text)) for f in files), exclude)
+
+
+def fortune_pieces(text: str) -> list[str]:
+    """A fortune file's sentences in order: split at its ``%`` lines, each fortune's lines joined."""
+    return [s for fortune in re.split(r"^%$", text, flags=re.M) for s in split_sentences(" ".join(fortune.split()))]
 
 
 def corpus_sentences(exclude: set[str], lists_dir: Path | None = None, fortunes: list[TextFile] | None = None) -> Sentences:
@@ -101,16 +96,23 @@ def debian_sentences(exclude: set[str], lists_dir: Path | None = None) -> Senten
     evaluation sets' sentences). Raises ``debian.DataBuildError`` where the index cannot be fetched."""
     from ..debian import read_index
 
-    # every address resolves (a recipe's sentence stays found when another package gains the same text);
-    # the draw pools hold one address per distinct text, the first in (package, md5, index) order
+    index = sorted(read_index(lists_dir), key=lambda d: (d.package, d.md5))
+    return addressed((((d.package, d.md5), split_sentences(d.long)) for d in index), exclude)
+
+
+def addressed(texts, exclude: set[str]) -> Sentences:
+    """The usable sentences of ``texts``, ((package, md5), its sentences in order) each: those of 5-30 plain
+    words (no URLs) not in ``exclude``, addressed (package, md5, index). Every address resolves (a recipe's
+    sentence stays found when another text gains it); the draw pools hold one address per distinct sentence,
+    the first in (package, md5, index) order."""
     text: dict[SentenceRef, str] = {}
     first: dict[str, SentenceRef] = {}
-    for d in sorted(read_index(lists_dir), key=lambda d: (d.package, d.md5)):
-        for i, s in enumerate(split_sentences(d.long)):
+    for (package, md5), sentences in texts:
+        for i, s in enumerate(sentences):
             if s in exclude or not 5 <= len(s.split()) <= 30 or not _CLEAN.match(s) or "http" in s:
                 continue
-            text[(d.package, d.md5, i)] = s
-            first.setdefault(s, (d.package, d.md5, i))
+            text[(package, md5, i)] = s
+            first.setdefault(s, (package, md5, i))
     refs = sorted(first.values())
     return Sentences(text, [r for r in refs if not is_heldout(text[r])], [r for r in refs if is_heldout(text[r])])
 
