@@ -103,10 +103,19 @@ def test_an_exported_whisper_assistant_folder_loads_as_a_local_assistant(tmp_pat
     ({"curve": (64,), "main": "facebook/bart-large-cnn"}, "Whisper main models only"),
     ({"drafter": "medusa"}, "measured in a learning curve"),
     ({"curve": (64,), "drafter": "medusa", "heads": 0}, "at least one head"),
+    ({"shards": (0, 1)}, "shard 0 is held out"),
+    ({"shards": (64,), "curve": (64,)}, "do not go together"),
+    ({"start": "shipped", "curve": (64,)}, "goes on training an exported Whisper assistant"),
+    ({"start": "shipped", "init": "first"}, "goes on training an exported Whisper assistant"),
+    ({"start": "shipped", "main": "facebook/bart-large-cnn"}, "goes on training an exported Whisper assistant"),
+    ({"start": "shipped", "layers": 3}, "with 2 layers, this run trains 3 layers"),
+    ({"start": "/nonexistent/run"}, "not an exported Whisper assistant"),
 ])
 def test_a_curve_it_cannot_measure_is_refused_before_anything_is_labelled(tmp_path, monkeypatch, change, message):
     """A size of part of a shard would train on the whole shard (other clips than the row says), and a text
-    main model or no step at all could only fail after hours of labelling: each is one error up front."""
+    main model or no step at all could only fail after hours of labelling: each is one error up front. So is a
+    start that cannot be trained on (no such assistant, other layers, a design that starts from the main
+    model's own layers) and shards that are not training shards."""
     from pipelines import distill as package
 
     monkeypatch.setattr(package, "Teacher", lambda *a, **k: pytest.fail("a model was loaded"))
@@ -137,3 +146,34 @@ def test_a_curve_point_measured_at_other_steps_is_not_reused(tmp_path):
     assert measure_size(opts, None, 64, None, None, None, print).measured == "2025-12-04"
     with pytest.raises(DistillError, match="trained for 12 steps, this curve asks for 24"):
         measure_size(DistillOptions(**{**opts.__dict__, "steps": 24}), None, 64, None, None, None, print)
+
+
+def test_shards_are_numbers_and_ranges():
+    from pipelines.cli.commands import parse_shards
+
+    assert parse_shards("317-320") == (317, 318, 319, 320) and parse_shards("5, 1-2,2") == (1, 2, 5)
+    assert parse_shards(None) == () and parse_shards("") == ()
+    for bad in ("a", "5-3", "1-", "-2", "1;2"):
+        with pytest.raises(DistillError, match="--shards"):
+            parse_shards(bad)
+
+
+def test_a_start_that_is_not_its_assistant_is_refused(tmp_path):
+    """A layers file that is not the one its assistant.json names (damaged, or swapped by hand) is refused."""
+    from pipelines.distill.student import read_start
+    from pipelines.models import embedded
+    from pipelines.models.loading import ModelRef
+
+    shipped = embedded.ASSISTANTS_DIR / "whisper-base-distilled"
+    if not (shipped / "assistant.json").is_file():
+        pytest.skip("no distilled assistant shipped yet")
+    ref = ModelRef("embedded", "whisper-base")
+    assert read_start("shipped", ref, 2)[0] == shipped
+    run = tmp_path / "run"
+    shutil.copytree(shipped, run / "assistant")  # a distill run's folder names its assistant
+    assert read_start(str(run), ref, 2)[0] == run / "assistant"
+    data = bytearray((shipped / "layers.safetensors").read_bytes())
+    data[-1] ^= 0xFF
+    (run / "assistant" / "layers.safetensors").write_bytes(bytes(data))
+    with pytest.raises(DistillError, match="differs from the sha256"):
+        read_start(str(run), ref, 2)

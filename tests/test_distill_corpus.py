@@ -429,3 +429,47 @@ def test_fortune_files_are_read_from_the_unpacked_package(tmp_path):
     got = debian.read_fortunes(folder=tmp_path)
     assert got == [debian.TextFile("fortunes", "wisdom", hashlib.md5(FORTUNES.encode()).hexdigest(), FORTUNES)]
 
+
+
+def test_a_student_goes_on_from_the_shipped_assistant_on_the_shards_named(sentences, tmp_path, monkeypatch):
+    """--start shipped --shards 2: the student starts from the shipped layers (not the main model's), reads
+    the features of shards 0 and 2 only, drafts the tokens of the whole corpus (shard 1's too) and its card
+    says where it started and what it trained on."""
+    import torch
+    from safetensors.torch import load_file
+
+    from pipelines.distill import speech
+    from pipelines.distill.shards import shard_done
+    from pipelines.distill.student import StudentDesign, start_folder
+    from pipelines.distill.teacher import Teacher
+    from pipelines.models.loading import ModelRef
+
+    shipped = start_folder("shipped", ModelRef("embedded", "whisper-base"))
+    if not (shipped / "assistant.json").is_file():
+        pytest.skip("no distilled assistant shipped yet")
+    monkeypatch.setattr(speech, "debian_sentences", lambda exclude, lists_dir=None: sentences)
+    corpus = tmp_path / "corpus"
+    grow = DistillOptions(main="whisper-base", out=tmp_path / "grow", clips=8, shard_size=4, heldout=2, corpus=corpus,
+                          label_only=True)
+    assert distill(grow, log=lambda *_: None) is None and corpus_labelled(grow)
+    opts = DistillOptions(main="whisper-base", out=tmp_path / "run", shard_size=4, heldout=2, corpus=corpus,
+                          start="shipped", shards=(2,), steps=2, batch_size=2, eval_every=1, lr=1e-9)
+    design = StudentDesign(Teacher(ModelRef("embedded", "whisper-base"), "float32", "cpu"), opts, [0, 1])
+    stored = load_file(shipped / "layers.safetensors")
+    state = design.state()
+    assert {f"model.decoder.{k}" for k in stored} == set(state)
+    assert all(torch.equal(state[f"model.decoder.{k}"], v.float()) for k, v in stored.items())
+
+    folder = distill(opts, log=lambda *_: None)
+    assert [shard_done(opts.out, s) for s in range(3)] == [True, False, True]
+    card = json.loads((folder / "card.json").read_text())
+    meta = json.loads((folder / "assistant.json").read_text())
+    assert card["start"] == {"folder": str(shipped), "sha256": json.loads((shipped / "assistant.json").read_text())["sha256"]}
+    assert card["items"] == 4 and card["init_layers"] == meta["init_layers"] == [0, 5]
+    shard1 = {t for clip in Corpus(corpus, TEACHER, {}).read(1) for t in clip.labels}
+    assert shard1 <= set(meta["draft_vocab"])
+    assert "4 training items (corpus shards 2)" in (folder / "CARD.md").read_text()
+    assert "trained on from the assistant" in (folder / "CARD.md").read_text()
+    # (lr 1e-9: the exported layers are the shipped ones to bfloat16's precision)
+    exported = load_file(folder / "layers.safetensors")
+    assert all(torch.allclose(exported[k].float(), v.float(), atol=1e-2) for k, v in stored.items())

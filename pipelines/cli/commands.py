@@ -274,7 +274,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
                           draft_vocab=args.draft_vocab, budget_minutes=args.budget_minutes, resume=args.resume,
                           device=args.device, corpus=Path(args.corpus) if args.corpus else None,
                           label_only=args.label_only, steps=args.steps, curve=parse_sizes(args.curve),
-                          drafter=args.drafter, heads=args.heads)
+                          drafter=args.drafter, heads=args.heads, shards=parse_shards(args.shards), start=args.start)
     folder = distill(opts)
     if folder is None and opts.label_only and corpus_labelled(curve_options(opts)):
         print(f"labelled: {opts.clips} training items and the held-out shard in {args.out}")
@@ -302,6 +302,21 @@ def parse_sizes(text: str | None) -> tuple[int, ...]:
     if not sizes or sizes[0] <= 0:
         raise DistillError(f"--curve {text!r}: positive clip counts, comma-separated")
     return sizes
+
+
+def parse_shards(text: str | None) -> tuple[int, ...]:
+    """--shards' comma-separated shard numbers and ranges A-B (DistillError, exit 2, for anything else)."""
+    from ..distill import DistillError
+
+    if not text:
+        return ()
+    shards: set[int] = set()
+    for part in text.split(","):
+        low, dash, high = part.strip().partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()) or (dash and int(high) < int(low)):
+            raise DistillError(f"--shards {text!r}: shard numbers and ranges A-B, comma-separated")
+        shards.update(range(int(low), int(high or low) + 1))
+    return tuple(sorted(shards))
 
 
 def cmd_regress(args: argparse.Namespace) -> int:

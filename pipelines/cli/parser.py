@@ -243,6 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "the largest size's student is exported with the curve on its card")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per training (default: --epochs over the "
                    "training items; with --curve, over the largest size)")
+    p.add_argument("--shards", metavar="A-B,C,...", help="Whisper: train on these shards of the corpus only (e.g. "
+                   "317-360: the clips added since an assistant was trained; shards it lacks are labelled and added), "
+                   "not --clips' first ones")
+    p.add_argument("--start", metavar="shipped|DIR", help="Whisper: go on training an exported assistant (shipped: the "
+                   "one shipped for --main; DIR: a distill run's folder or its assistant) instead of the main model's "
+                   "layers; the draft vocabulary is then counted over the whole corpus")
     p.set_defaults(func=cmd_distill)
 
     p = command(sub, "regress", help="nightly regression run: evaluations, history (SQLite), baseline, thresholds, report with plots; exit 1 on a regression")

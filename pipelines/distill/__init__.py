@@ -143,10 +143,9 @@ def build_corpus(opts: DistillOptions, teacher: Teacher, deadline: float | None,
     """Build the training features of the held-out shard and of ``opts.clips`` training items (or until the
     deadline); returns the number of training shards done. Each shard is written atomically, so a stopped
     run loses at most one. ``reader`` (default ``teacher``) encodes the clips whose labels the corpus holds."""
-    n_train = opts.train_shards
-    shards = list(range(n_train + 1))
+    shards = [HELDOUT_SHARD, *opts.training_shards]
     if not opts.label_only and all(shard_done(opts.out, s) for s in shards):
-        return n_train
+        return len(shards) - 1
     tmp = opts.out / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
     if teacher.is_whisper:
@@ -201,7 +200,7 @@ def corpus_holds(folder: Path, shards) -> bool:
 def corpus_labelled(opts: DistillOptions) -> bool:
     """Whether every shard ``opts`` asks for is labelled: in the committed corpus (Whisper, ``label_only``),
     else as training features in the run's folder."""
-    wanted = range(opts.train_shards + 1)
+    wanted = [HELDOUT_SHARD, *opts.training_shards]
     folder = opts.corpus or default_corpus(resolve_main(opts.main))
     if opts.label_only and (folder / "manifest.json").is_file():
         return corpus_holds(folder, wanted)
@@ -212,7 +211,7 @@ def teacher_for(opts: DistillOptions, ref: ModelRef, whisper: bool, dtype: str, 
     """The teacher of this run: ``labelling_teacher`` (an assistant drafting) where the run has clips to label,
     the plain main model where the committed corpus already labels every shard it asks for (no assistant
     loaded for nothing, nor kept beside the feature reader)."""
-    if whisper and corpus_holds(opts.corpus or default_corpus(ref), range(opts.train_shards + 1)):
+    if whisper and corpus_holds(opts.corpus or default_corpus(ref), [HELDOUT_SHARD, *opts.training_shards]):
         return Teacher(ref, dtype, opts.device)
     return labelling_teacher(ref, dtype, opts.device, log)
 
@@ -239,6 +238,11 @@ def check_curve(opts: DistillOptions, whisper: bool) -> None:
                            "engine has no drafter that reads the main decoder's hidden state, so there is nothing to export")
     if opts.drafter == "medusa" and opts.heads < 1:
         raise DistillError(f"--heads {opts.heads}: at least one head")
+    if opts.shards and (opts.curve or min(opts.shards) <= HELDOUT_SHARD):
+        raise DistillError("--shards names training shards (1 and up; shard 0 is held out), and a learning curve "
+                           "trains on the first N clips of the corpus: --shards and --curve do not go together")
+    if opts.start is not None:
+        check_start(opts, whisper)
     if not opts.curve:
         return
     if not whisper:
@@ -254,6 +258,18 @@ def check_curve(opts: DistillOptions, whisper: bool) -> None:
         read_manifest(REAL_SET)
     except DataBuildError as e:
         raise DistillError(f"--curve measures on {REAL_SET}: {e}") from None
+
+
+def check_start(opts: DistillOptions, whisper: bool) -> None:
+    """What ``--start`` needs (DistillError): a Whisper main model, a student (not Medusa heads, nor a learning
+    curve, whose sizes all start from the main model's layers) and an exported assistant for this main model
+    with ``opts.layers`` layers (``student.start_folder``)."""
+    from .student import read_start
+
+    if not whisper or opts.drafter != "student" or opts.curve or opts.init != "spread":
+        raise DistillError("--start goes on training an exported Whisper assistant: a student (not --drafter medusa, "
+                           "--init or --curve, which start from the main model's own layers)")
+    read_start(opts.start, resolve_main(opts.main), opts.layers)
 
 
 def distill(opts: DistillOptions, log=print) -> Path | None:
@@ -273,6 +289,7 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
     plan_path = opts.out / "plan.json"
     design = ({"drafter": opts.drafter, "heads": opts.heads} if opts.drafter == "medusa"
               else {"layers": opts.layers, **({"init": opts.init} if opts.init != "spread" else {})})
+    design.update({k: v for k, v in (("start", opts.start), ("shards", list(opts.shards))) if v})
     plan = {"main": opts.main, **design,
             "data": list(opts.data), "seed": opts.seed,
             "shard_size": opts.shard_size, "heldout": opts.heldout, **({"corpus": str(opts.corpus)} if opts.corpus else {})}
@@ -290,7 +307,7 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
     teacher = teacher_for(opts, ref, whisper, label_dtype, log)
     reader = features_teacher(teacher, opts, log)
     done = build_corpus(opts, teacher, deadline, log, reader)
-    n_train = opts.train_shards
+    n_train = len(opts.training_shards)
     if done < n_train:
         log(f"corpus: {done}/{n_train} shards labelled when the budget ran out; resume with --resume")
         return None
@@ -301,7 +318,7 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
         return run_curve(opts, ref, reader, deadline, log)
     if teacher.model.dtype != torch.float32:
         teacher = reader if reader.dtype == "float32" else Teacher(ref, "float32", opts.device)
-    state = train(opts, teacher, list(range(1, n_train + 1)), deadline, log)
+    state = train(opts, teacher, opts.training_shards, deadline, log)
     if not state["finished"]:
         if state["step"] > 0 and (opts.out / "train" / "best.pt").is_file():  # never the untrained start alone
             export(opts, teacher, state, log)

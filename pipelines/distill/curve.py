@@ -129,26 +129,22 @@ def point_from_json(d: dict) -> CurvePoint:
 def shipped_point(teacher: Teacher, heldout: Shard, real: Shard) -> dict | None:
     """The assistant shipped for this main model (``pipelines/assistants/``), measured as the curve's students
     are: a row to compare the curve with; None when none is shipped for it."""
-    from safetensors.torch import load_file
+    from .student import load_layers, make_student, start_folder
 
-    from ..models.embedded import ASSISTANTS_DIR, DERIVED
-    from .student import make_student
-
-    spec = next((d for d in DERIVED.values() if d.trained and f"embedded:{d.base}" == str(teacher.ref)), None)
-    folder = None if spec is None else ASSISTANTS_DIR / spec.trained
-    if folder is None or not all((folder / f).is_file() for f in ("assistant.json", "card.json", "layers.safetensors")):
+    try:
+        folder = start_folder("shipped", teacher.ref)
+    except DistillError:  # none is shipped for it
+        return None
+    if not all((folder / f).is_file() for f in ("assistant.json", "card.json", "layers.safetensors")):
         return None
     meta = json.loads((folder / "assistant.json").read_text())
     card = json.loads((folder / "card.json").read_text())
     student = make_student(teacher.model, meta["layers"]).float().to(teacher.device)
-    tensors = {k: v.float() for k, v in load_file(folder / "layers.safetensors").items()}
-    dec = student.model.decoder
-    dec.layers.load_state_dict({k[len("layers."):]: v for k, v in tensors.items() if k.startswith("layers.")})
-    dec.layer_norm.load_state_dict({k[len("layer_norm."):]: v for k, v in tensors.items() if k.startswith("layer_norm.")})
+    load_layers(student, folder)
     student.eval()
     vocab = meta["draft_vocab"]
     training = card.get("training") or {}
-    return {"name": spec.name, "clips": card["options"]["clips"],
+    return {"name": folder.name, "clips": card["options"]["clips"],
             "steps": card["options"].get("steps") or training.get("step"),  # its training's length, else its best step
             "clips_seen": training.get("clips_seen"), "layers": meta.get("init_layers"), "draft_vocab": len(vocab),
             "draft_cost": draft_cost(teacher.model.config, meta["layers"], len(vocab)),

@@ -33,6 +33,8 @@ def export(opts: DistillOptions, teacher: Teacher, state: dict, log, folder: Pat
     card = {
         "main": str(teacher.ref), "layers": opts.layers, "init_layers": student.config.distill_init_layers,
         "draft_vocab_size": len(vocab), "training": state.get("best"), "curve": state.get("curve"),
+        **({"items": state["items"]} if "items" in state else {}),
+        **({"start": start_record(opts, teacher)} if opts.start is not None else {}),
         **({"sizes": sizes, "shipped": shipped} if sizes else {}),
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()},
     }
@@ -59,6 +61,25 @@ def export(opts: DistillOptions, teacher: Teacher, state: dict, log, folder: Pat
     return final
 
 
+def start_record(opts: DistillOptions, teacher: Teacher) -> dict:
+    """The assistant a run went on from (``--start``): its folder and layers' sha256."""
+    from .student import read_start
+
+    folder, meta = read_start(opts.start, teacher.ref, opts.layers)
+    return {"folder": str(folder), "sha256": meta["sha256"]}
+
+
+def training_items(card: dict) -> str:
+    """How many clips it trained on, and which of the corpus's shards where the run named them."""
+    opts = card["options"]
+    if not opts.get("shards"):
+        return f"{opts['clips']} training items"
+    shards = list(opts["shards"])
+    whole = len(shards) > 1 and shards == list(range(shards[0], shards[-1] + 1))
+    named = f"{shards[0]}-{shards[-1]}" if whole else ",".join(map(str, shards))
+    return f"{card.get('items', '?')} training items (corpus shards {named})"
+
+
 def card_text(card: dict) -> str:
     best = card.get("training") or {}
     lines = [
@@ -66,8 +87,9 @@ def card_text(card: dict) -> str:
         f"- decoder layers: {card['layers']} (initialised from the main model's layers {card['init_layers']})",
         "- encoder, token/position embeddings and output head: the main model's own (shared, frozen, not stored)",
         f"- draft vocabulary: {card['draft_vocab_size']} tokens (verification stays over the full vocabulary)",
-        f"- data: {', '.join(card['options']['data'])}; {card['options']['clips']} training items, "
-        f"{card['options']['heldout']} held out", 
+        f"- data: {', '.join(card['options']['data'])}; {training_items(card)}, {card['options']['heldout']} held out",
+        *([f"- trained on from the assistant {card['start']['folder']} (layers sha256 {card['start']['sha256']})"]
+          if card.get("start") else []),
         "- labels: the main model's own greedy output (Tandem's engine); loss CE + "
         f"{card['options']['kl_weight']} x KL to the teacher's top-{TOPK}",
         f"- best held-out point: {json.dumps(best)}", "", "## Learning curve (held-out)", "",

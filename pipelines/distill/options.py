@@ -40,11 +40,18 @@ class DistillOptions:
     curve: tuple[int, ...] = ()  # corpus sizes of the learning curve: a student trained on the first N clips each
     drafter: str = "student"  # student (a shallow decoder) or medusa (heads on the main decoder's hidden state)
     heads: int = 5  # medusa: draft heads, head k guessing the token k places after the main model's next one
+    shards: tuple[int, ...] = ()  # the corpus's training shards to train on (empty: 1 .. ``train_shards``)
+    start: str | None = None  # Whisper: an exported assistant folder, or "shipped": the student starts from its layers
 
     @property
     def train_shards(self) -> int:
         """Training shards for ``clips`` items (shards 1 .. this; shard 0 is held out)."""
         return -(-self.clips // self.shard_size)
+
+    @property
+    def training_shards(self) -> list[int]:
+        """The shards a training reads: ``shards`` where given, else 1 .. ``train_shards``."""
+        return list(self.shards) or list(range(1, self.train_shards + 1))
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,75 @@ def draft_vocabulary(out: Path, shards: list[int], size: int, vocab: int, always
     return sorted({t for t, _ in counts.most_common(size)} | set(always))
 
 
+def corpus_vocabulary(folder: Path, size: int, vocab: int, always: list[int]) -> list[int]:
+    """``draft_vocabulary`` counted over every training label of the committed corpus in ``folder`` (shard 0,
+    held out, left out), not only the run's shards: a student that goes on from an assistant (``--start``) on
+    new shards keeps drafting the words of the clips it learnt before. CorpusError when a shard is damaged."""
+    from .corpus import Corpus
+    from .options import HELDOUT_SHARD
+
+    if size <= 0:
+        return list(range(vocab))
+    corpus = Corpus(folder, json.loads((folder / "manifest.json").read_text())["teacher"], {})
+    counts: Counter = Counter()
+    for s in corpus.shards():
+        if s != HELDOUT_SHARD:
+            for clip in corpus.read(s):
+                counts.update(clip.labels)
+    return sorted({t for t, _ in counts.most_common(size)} | set(always))
+
+
+def start_folder(start: str, ref) -> Path:
+    """The exported assistant ``--start`` names: ``shipped`` (the one shipped for the embedded main model
+    ``ref``, pipelines/assistants/) or a folder holding assistant.json and layers.safetensors (a ``tandem
+    distill`` run's DIR/assistant, or DIR itself). DistillError when there is none."""
+    from ..models.embedded import ASSISTANTS_DIR, DERIVED
+    from .options import DistillError
+
+    if start == "shipped":
+        spec = next((d for d in DERIVED.values() if d.trained and f"embedded:{d.base}" == str(ref)), None)
+        if spec is None:
+            raise DistillError(f"--start shipped: no assistant is shipped for {ref}")
+        return ASSISTANTS_DIR / spec.trained
+    folder = Path(start)
+    if (folder / "assistant" / "assistant.json").is_file():
+        folder = folder / "assistant"
+    return folder
+
+
+def read_start(start: str, ref, layers: int) -> tuple[Path, dict]:
+    """``start_folder``'s assistant and its assistant.json, checked (DistillError): distilled for ``ref``'s
+    model with ``layers`` layers, its layers file the one its sha256 names."""
+    import hashlib
+
+    from .options import DistillError
+
+    folder = start_folder(start, ref)
+    try:
+        meta = json.loads((folder / "assistant.json").read_text())
+        data = (folder / "layers.safetensors").read_bytes()
+    except (OSError, ValueError) as e:
+        raise DistillError(f"--start {start}: not an exported Whisper assistant ({folder}: {e})") from None
+    if meta.get("base") != ref.id or meta.get("layers") != layers:
+        raise DistillError(f"--start {start}: distilled for {meta.get('base')!r} with {meta.get('layers')} layers, "
+                           f"this run trains {layers} layers for {ref.id!r}")
+    if hashlib.sha256(data).hexdigest() != meta.get("sha256"):
+        raise DistillError(f"--start {start}: {folder / 'layers.safetensors'} differs from the sha256 its assistant.json names")
+    return folder, meta
+
+
+def load_layers(student, folder: Path) -> None:
+    """An exported assistant's decoder layers and final norm (``folder``/layers.safetensors) into ``student``
+    (``make_student``'s, with as many layers), in the student's dtype."""
+    from safetensors.torch import load_file
+
+    dtype = next(student.parameters()).dtype
+    tensors = {k: v.to(dtype) for k, v in load_file(folder / "layers.safetensors").items()}
+    dec = student.model.decoder
+    for part in ("layers", "layer_norm"):
+        getattr(dec, part).load_state_dict({k[len(part) + 1 :]: v for k, v in tensors.items() if k.startswith(part + ".")})
+
+
 # ----------------------------------------------------------------------------------------------------
 # Training
 
@@ -266,6 +335,10 @@ class StudentDesign:
 
     def __init__(self, teacher: Teacher, opts: DistillOptions, vocab: list[int]) -> None:
         self.student = make_student(teacher.model, opts.layers, opts.init).float().to(teacher.device)
+        if opts.start is not None:  # going on from an exported assistant: its layers, and where they came from
+            folder, meta = read_start(opts.start, teacher.ref, opts.layers)
+            load_layers(self.student, folder)
+            self.student.config.distill_init_layers = list(meta["init_layers"])
         self.vocab, self.kl_weight, self.layers = vocab, opts.kl_weight, opts.layers
         self.init_layers = tuple(self.student.config.distill_init_layers)
         self.rows = draft_rows(self.student, vocab)  # the student's softmax over the tokens it may draft

@@ -17,7 +17,7 @@ import numpy as np
 
 from .options import HELDOUT_SHARD, DistillError, DistillOptions, HeldOut
 from .shards import Shard, read_shard
-from .student import StudentDesign, draft_vocabulary
+from .student import StudentDesign, corpus_vocabulary, draft_vocabulary
 from .teacher import Teacher
 
 
@@ -62,6 +62,18 @@ def draft_always(teacher: Teacher) -> list[int]:
     return list(teacher.tokenizer.all_special_ids)
 
 
+def training_vocabulary(opts: DistillOptions, teacher: Teacher, shards_ids: list[int]) -> list[int]:
+    """The draft vocabulary of a training on ``shards_ids``: their most frequent label tokens
+    (``draft_vocabulary``), or, going on from an assistant (``opts.start``), the whole committed corpus's
+    (``corpus_vocabulary``: the clips it learnt from as well as these)."""
+    size, always = teacher.model.config.vocab_size, draft_always(teacher)
+    if opts.start is None:
+        return draft_vocabulary(opts.out, shards_ids, opts.draft_vocab, size, always)
+    from . import default_corpus
+
+    return corpus_vocabulary(opts.corpus or default_corpus(teacher.ref), opts.draft_vocab, size, always)
+
+
 def _save_checkpoint(path: Path, state: dict) -> None:
     import torch
 
@@ -90,7 +102,7 @@ def train(opts: DistillOptions, teacher: Teacher, shards_ids: list[int], deadlin
     out = folder or opts.out / "train"
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / "checkpoint.pt"
-    vocab = draft_vocabulary(opts.out, shards_ids, opts.draft_vocab, teacher.model.config.vocab_size, draft_always(teacher))
+    vocab = training_vocabulary(opts, teacher, shards_ids)
     design = make_design(opts, teacher, vocab)
     optim = torch.optim.AdamW(design.params, lr=opts.lr, weight_decay=0.01)
     shards = {s: read_shard(opts.out, s) for s in shards_ids}
@@ -159,7 +171,7 @@ def train(opts: DistillOptions, teacher: Teacher, shards_ids: list[int], deadlin
             measure()
             _save_checkpoint(ckpt, {"student": design.state(), "optim": optim.state_dict(), "state": state})
     bar.close()
-    state["vocab_size"] = len(vocab)
+    state["vocab_size"], state["items"] = len(vocab), len(order)
     state["finished"] = state["step"] >= steps_total
     return state
 
