@@ -10,7 +10,9 @@ call at lookahead 5, head coverage), issue 17:
 
     .venv/bin/python .ci/compare-assistants.py [--fortunes N] ASSISTANT...
 
-ASSISTANT: ``shipped`` or an exported assistant (a ``tandem distill`` run's folder or its assistant folder).
+ASSISTANT: ``shipped``, an exported assistant (a ``tandem distill`` run's folder or its assistant folder), or a
+training checkpoint (``RUN/train/checkpoint.pt``: the last step's layers, the draft vocabulary of the ``best.pt``
+beside it).
 """
 import argparse
 import json
@@ -74,15 +76,28 @@ print(f"(fortune pool: {len(pool)} held-out fortunes; {sum(it['kind'] == 'clip' 
 
 print("| assistant | head | draft cost | " + " | ".join(sets) + " |")
 print("|---|---|---|" + "---|" * len(sets))
-for name in args.assistants:
+def load_assistant(name: str):
+    """(student, its draft vocabulary, a label): an exported assistant or a training checkpoint."""
+    if name.endswith(".pt"):
+        saved = torch.load(name, weights_only=False, map_location="cpu")
+        vocab = torch.load(Path(name).with_name("best.pt"), weights_only=False, map_location="cpu")["vocab"]
+        layers = sum(k.endswith("self_attn.k_proj.weight") for k in saved["student"])
+        student = make_student(teacher.model, layers).float()
+        assert not student.load_state_dict(saved["student"], strict=False).unexpected_keys
+        return student, vocab, layers, f"step {saved['state']['step']}"
     folder = start_folder(name, ref)
     meta = json.loads((folder / "assistant.json").read_text())
     student = make_student(teacher.model, meta["layers"]).float()
     load_layers(student, folder)
+    return student, meta["draft_vocab"], meta["layers"], meta["sha256"][:12]
+
+
+for name in args.assistants:
+    student, vocab, layers, label = load_assistant(name)
     student.eval()
     cells = []
     for shard in sets.values():
-        got = evaluate_heldout(student, shard, meta["draft_vocab"])
+        got = evaluate_heldout(student, shard, vocab)
         cells.append(f"{got.agreement:.1%} / {got.tokens_per_call:.2f} ({got.coverage:.1%})")
-    cost = draft_cost(teacher.model.config, meta["layers"], len(meta["draft_vocab"]))
-    print(f"| {name} ({meta['sha256'][:12]}) | {len(meta['draft_vocab'])} | {cost} | " + " | ".join(cells) + " |", flush=True)
+    cost = draft_cost(teacher.model.config, layers, len(vocab))
+    print(f"| {name} ({label}) | {len(vocab)} | {cost} | " + " | ".join(cells) + " |", flush=True)

@@ -86,7 +86,9 @@ def card_text(card: dict) -> str:
         f"# Distilled assistant for {card['main']}", "",
         f"- decoder layers: {card['layers']} (initialised from the main model's layers {card['init_layers']})",
         "- encoder, token/position embeddings and output head: the main model's own (shared, frozen, not stored)",
-        f"- draft vocabulary: {card['draft_vocab_size']} tokens (verification stays over the full vocabulary)",
+        f"- draft vocabulary: {card['draft_vocab_size']} tokens (verification stays over the full vocabulary)"
+        + (f"; since {card['vocabulary']['date']}: {card['vocabulary']['counted_over']} ({card['vocabulary']['how']}; "
+           f"{card['vocabulary']['measured']})" if card.get("vocabulary") else ""),
         f"- data: {', '.join(card['options']['data'])}; {training_items(card)}, {card['options']['heldout']} held out",
         *([f"- trained on from the assistant {card['start']['folder']} (layers sha256 {card['start']['sha256']})"]
           if card.get("start") else []),
