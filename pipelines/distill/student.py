@@ -108,12 +108,18 @@ def draft_cost(config, layers: int, rows: int, frames: int = 1500) -> float:
 def draft_vocabulary(out: Path, shards: list[int], size: int, vocab: int, always: list[int]) -> list[int]:
     """The ``size`` most frequent label tokens of the training shards, plus ``always`` (special and timestamp
     tokens); sorted. size 0: the whole vocabulary."""
+    return most_frequent((it["labels"] for s in shards for it in json.loads((shard_dir(out, s) / "items.json").read_text())),
+                         size, vocab, always)
+
+
+def most_frequent(labels, size: int, vocab: int, always: list[int]) -> list[int]:
+    """The ``size`` most frequent tokens of ``labels`` (token id sequences), plus ``always``; sorted. size 0:
+    the whole vocabulary (``labels`` left unread)."""
     if size <= 0:
         return list(range(vocab))
     counts: Counter = Counter()
-    for s in shards:
-        for it in json.loads((shard_dir(out, s) / "items.json").read_text()):
-            counts.update(it["labels"])
+    for y in labels:
+        counts.update(y)
     return sorted({t for t, _ in counts.most_common(size)} | set(always))
 
 
@@ -124,15 +130,9 @@ def corpus_vocabulary(folder: Path, size: int, vocab: int, always: list[int]) ->
     from .corpus import Corpus
     from .options import HELDOUT_SHARD
 
-    if size <= 0:
-        return list(range(vocab))
     corpus = Corpus(folder, json.loads((folder / "manifest.json").read_text())["teacher"], {})
-    counts: Counter = Counter()
-    for s in corpus.shards():
-        if s != HELDOUT_SHARD:
-            for clip in corpus.read(s):
-                counts.update(clip.labels)
-    return sorted({t for t, _ in counts.most_common(size)} | set(always))
+    shards = [s for s in corpus.shards() if s != HELDOUT_SHARD]
+    return most_frequent((clip.labels for s in shards for clip in corpus.read(s)), size, vocab, always)
 
 
 def start_folder(start: str, ref) -> Path:
@@ -156,20 +156,19 @@ def start_folder(start: str, ref) -> Path:
 def read_start(start: str, ref, layers: int) -> tuple[Path, dict]:
     """``start_folder``'s assistant and its assistant.json, checked (DistillError): distilled for ``ref``'s
     model with ``layers`` layers, its layers file the one its sha256 names."""
-    import hashlib
-
+    from ..models.cache import file_sha256
     from .options import DistillError
 
     folder = start_folder(start, ref)
     try:
         meta = json.loads((folder / "assistant.json").read_text())
-        data = (folder / "layers.safetensors").read_bytes()
+        digest = file_sha256(folder / "layers.safetensors")
     except (OSError, ValueError) as e:
         raise DistillError(f"--start {start}: not an exported Whisper assistant ({folder}: {e})") from None
     if meta.get("base") != ref.id or meta.get("layers") != layers:
         raise DistillError(f"--start {start}: distilled for {meta.get('base')!r} with {meta.get('layers')} layers, "
                            f"this run trains {layers} layers for {ref.id!r}")
-    if hashlib.sha256(data).hexdigest() != meta.get("sha256"):
+    if digest != meta.get("sha256"):
         raise DistillError(f"--start {start}: {folder / 'layers.safetensors'} differs from the sha256 its assistant.json names")
     return folder, meta
 
