@@ -5,7 +5,8 @@ call at lookahead 5, head coverage), issue 17:
 - descriptions: the corpus's held-out shard 0 (Debian descriptions; labels from the corpus, audio synthesised
   again from its recipes);
 - fortunes: N clips drawn (fixed seed, the corpus's recipe mix of short clips and 30 s windows) from the
-  fortunes the corpus holds out (``speech.is_heldout``), labelled here by Whisper base in bfloat16 as the corpus is;
+  fortunes the corpus holds out (``speech.is_heldout``; ``distill.heldout.fortune_items``, the same draw a
+  training measures on at N = 96), labelled here by Whisper base in bfloat16 as the corpus is;
 - speech-real: its clips of at most 30 s, labelled here by Whisper base in bfloat16.
 
     .venv/bin/python .ci/compare-assistants.py [--fortunes N] ASSISTANT...
@@ -16,7 +17,6 @@ beside it).
 """
 import argparse
 import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -27,8 +27,9 @@ sys.path.insert(0, ".")
 from pipelines.distill import DistillOptions, default_corpus, resolve_main  # noqa: E402
 from pipelines.distill.corpus import Corpus  # noqa: E402
 from pipelines.distill.curve import real_shard  # noqa: E402
-from pipelines.distill.shards import GROUP, Shard, SpeechSource, _item, featurise  # noqa: E402
-from pipelines.distill.speech import corpus_sentences, make_recipe, render, synthesis_versions  # noqa: E402
+from pipelines.distill.heldout import fortune_items  # noqa: E402
+from pipelines.distill.shards import GROUP, Shard, SpeechSource, featurise  # noqa: E402
+from pipelines.distill.speech import corpus_sentences, synthesis_versions  # noqa: E402
 from pipelines.distill.student import draft_cost, evaluate_heldout, load_layers, make_student, start_folder  # noqa: E402
 from pipelines.distill.teacher import Teacher  # noqa: E402
 from pipelines.quality.sets import project_sentences  # noqa: E402
@@ -62,11 +63,7 @@ t0 = time.time()
 items, labels = SpeechSource(DistillOptions(main="whisper-base", out=tmp), corpus, sentences, speaker, tmp).items(0)
 sets["descriptions"] = as_shard(items, labels)
 pool = [r for r in sentences.heldout if r[0].startswith("fortunes/")]
-rng, fortunes = random.Random(20261204), []
-for _ in range(args.fortunes):
-    spoken: dict = {}
-    recipe = make_recipe(rng, pool, sentences.text, speaker, tmp / "f.wav", spoken)
-    fortunes.append(_item(recipe, sentences.text, render(recipe, sentences.text, speaker, tmp / "f.wav", spoken)))
+fortunes = fortune_items(sentences, speaker, tmp / "f.wav", args.fortunes)  # the set a training measures on
 sets["fortunes"] = as_shard(fortunes)
 sets["speech-real"] = real_shard(teacher, max_new=440)
 print(f"sets built in {time.time() - t0:.0f} s: " + ", ".join(

@@ -14,6 +14,7 @@ import pytest
 
 from pipelines.distill import DistillError, DistillOptions, corpus_labelled, distill, read_shard
 from pipelines.distill.corpus import Corpus, CorpusError, LabelledClip
+from pipelines.distill.heldout import FORTUNES as HELD_OUT_FORTUNES
 from pipelines.distill.speech import Recipe, Sentences, audio_sha256, is_heldout, make_recipe, render
 from pipelines.quality.sets import project_sentences
 from pipelines.synthesis import Speaker
@@ -434,7 +435,8 @@ def test_fortune_files_are_read_from_the_unpacked_package(tmp_path):
 def test_a_student_goes_on_from_the_shipped_assistant_on_the_shards_named(sentences, tmp_path, monkeypatch):
     """--start shipped --shards 2: the student starts from the shipped layers (not the main model's), reads
     the features of shards 0 and 2 only, drafts the tokens of the whole corpus (shard 1's too) and its card
-    says where it started and what it trained on."""
+    says where it started and what it trained on. Where the index holds fortunes out, the run labels as many
+    of them as shard 0 holds and measures every checkpoint on both sets."""
     import torch
     from safetensors.torch import load_file
 
@@ -448,6 +450,9 @@ def test_a_student_goes_on_from_the_shipped_assistant_on_the_shards_named(senten
     if not (shipped / "assistant.json").is_file():
         pytest.skip("no distilled assistant shipped yet")
     monkeypatch.setattr(speech, "debian_sentences", lambda exclude, lists_dir=None: sentences)
+    told = {("fortunes/wisdom", "ab" * 16, i): t for i, t in enumerate(
+        ["Whatever you do, do it well and do it now.", "The cat sat there watching the rain all afternoon."])}
+    monkeypatch.setattr(speech, "fortune_sentences", lambda exclude, files=None: Sentences(told, [], sorted(told)))
     corpus = tmp_path / "corpus"
     grow = DistillOptions(main="whisper-base", out=tmp_path / "grow", clips=8, shard_size=4, heldout=2, corpus=corpus,
                           label_only=True)
@@ -462,14 +467,31 @@ def test_a_student_goes_on_from_the_shipped_assistant_on_the_shards_named(senten
 
     folder = distill(opts, log=lambda *_: None)
     assert [shard_done(opts.out, s) for s in range(3)] == [True, False, True]
+    held = read_shard(opts.out, HELD_OUT_FORTUNES)
+    assert len(held.items) == 2 and all(tuple(r) in told for it in held.items for r in it["sentences"])
+    assert all(it["labels"] for it in held.items)
     card = json.loads((folder / "card.json").read_text())
     meta = json.loads((folder / "assistant.json").read_text())
     assert card["start"] == {"folder": str(shipped), "sha256": json.loads((shipped / "assistant.json").read_text())["sha256"]}
     assert card["items"] == 4 and card["init_layers"] == meta["init_layers"] == [0, 5]
     shard1 = {t for clip in Corpus(corpus, TEACHER, {}).read(1) for t in clip.labels}
     assert shard1 <= set(meta["draft_vocab"])
+    assert all(HELD_OUT_FORTUNES in p for p in card["curve"]) and HELD_OUT_FORTUNES in card["training"]
+    assert "fortunes: tokens per call" in (folder / "CARD.md").read_text()
     assert "4 training items (corpus shards 2)" in (folder / "CARD.md").read_text()
     assert "trained on from the assistant" in (folder / "CARD.md").read_text()
     # (lr 1e-9: the exported layers are the shipped ones to bfloat16's precision)
     exported = load_file(folder / "layers.safetensors")
     assert all(torch.allclose(exported[k].float(), v.float(), atol=1e-2) for k, v in stored.items())
+
+
+def test_the_best_checkpoint_weighs_both_heldout_sets_alike():
+    """The best checkpoint has the most tokens per main call averaged over shard 0 and the held-out fortunes;
+    a point measured on shard 0 alone (a run resumed after its fortunes were built) is compared on shard 0."""
+    from pipelines.distill.heldout import is_better
+
+    steady = {"tokens_per_call": 4.0, HELD_OUT_FORTUNES: {"tokens_per_call": 3.6}}
+    traded = {"tokens_per_call": 3.95, HELD_OUT_FORTUNES: {"tokens_per_call": 3.8}}
+    assert is_better(steady, None) and is_better(traded, steady) and not is_better(steady, traded)
+    assert not is_better({"tokens_per_call": 4.0, HELD_OUT_FORTUNES: {"tokens_per_call": 3.2}}, steady)
+    assert not is_better(traded, {"tokens_per_call": 4.0}) and is_better({"tokens_per_call": 4.1}, steady)

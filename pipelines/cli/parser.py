@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pair", help="asr pair from the registry (default: the registry's asr default)")
     p.add_argument("--language", default="en", help="language code, or 'auto' to detect per file (default: en); "
                    "English-only (.en) pairs take en or auto only")
-    p.add_argument("--task", choices=["transcribe", "translate"], default="transcribe")
+    p.add_argument("--task", choices=["transcribe", "translate"], default="transcribe",
+                   help="Whisper's task: transcribe in the spoken language, or translate into English (default: %(default)s)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="compute dtype (default: the pair's)")
     p.add_argument("--refs", metavar="MANIFEST", help="a manifest.jsonl with reference texts: prints WER")
     p.add_argument("--out", metavar="DIR", help="write outputs here (mirroring the input folders), resumable")
@@ -140,14 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--long-input", choices=["chunk", "truncate"], default="chunk",
                            help="text longer than the model's input: summarise in chunks (default) or truncate")
         p.add_argument("--max-new-tokens", type=int, help="per sentence/chunk (default: the model's)")
-        p.add_argument("--batch-size", type=int, default=8)
+        p.add_argument("--batch-size", type=int, default=8, help="inputs decoded together (default: %(default)s)")
         p.add_argument("--no-assistant", action="store_true", help="plain decoding with the main model")
         p.add_argument("--compare", action="store_true", help="also decode plainly: speedup and identical outputs")
         p.add_argument("--refs", action="append", metavar="FILE", help="reference text per input: BLEU/chrF or ROUGE")
         p.set_defaults(func=cmd_text)
 
     p = command(sub, "eval", help="quality and latency of plain vs assisted decoding for one pair and set (JSON)")
-    p.add_argument("--task", required=True, choices=["asr", "translate", "summarize"])
+    p.add_argument("--task", required=True, choices=["asr", "translate", "summarize"], help="the task evaluated")
     p.add_argument("--pair", required=True, help="pair from the registry")
     p.add_argument("--set", required=True, help="evaluation set (tandem data build SET)")
     p.add_argument("--limit", type=int, help="first N items only")
@@ -198,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", default="reports/bench-shapes.json", help="where to write the figures (default: %(default)s)")
     b.set_defaults(func=cmd_bench_shapes)
     b = command(bench_sub, "text", help="transformers plain/assisted vs Tandem plain and each drafter, same chat prompts, batch 1")
-    b.add_argument("--task", choices=["summarize", "translate"], default="summarize")
+    b.add_argument("--task", choices=["summarize", "translate"], default="summarize",
+                   help="the text task benchmarked (default: %(default)s)")
     b.add_argument("--pair", help="text pair from the registry (default: the task's default, the embedded Qwen pair)")
     b.add_argument("--limit", type=int, default=4, help="items of summarize-own / translate-udhr (default: %(default)s)")
     b.add_argument("--max-new-tokens", type=int, default=256, help="per prompt (default: %(default)s)")
@@ -227,10 +229,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", nargs="+", metavar="SET", help="corpus: debian-speech (Whisper; the default) or text files of one input a line (text models)")
     p.add_argument("--out", required=True, metavar="DIR", help="working folder: shards, checkpoints, and the exported assistant in DIR/assistant")
     p.add_argument("--clips", type=int, default=4000, help="training items (default 4000); items the corpus does not hold yet are labelled and added to it")
-    p.add_argument("--heldout", type=int, default=96, help="held-out items (shard 0) for the agreement estimate")
-    p.add_argument("--epochs", type=float, default=3.0)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--heldout", type=int, default=96,
+                   help="held-out items (shard 0; Whisper: as many held-out fortunes too) for the agreement estimate")
+    p.add_argument("--epochs", type=float, default=3.0,
+                   help="passes over the training items (default: %(default)s; --steps instead counts optimizer steps)")
+    p.add_argument("--batch-size", type=int, default=16, help="clips per optimizer step (default: %(default)s)")
+    p.add_argument("--lr", type=float, default=3e-4,
+                   help="AdamW's peak learning rate, after a warm-up and before cosine decay (default: %(default)s)")
     p.add_argument("--draft-vocab", type=int, default=16384, help="tokens kept by the draft head (plus special tokens); 0 keeps all")
     p.add_argument("--budget-minutes", type=float, default=None, help="stop cleanly after this long (exit 3); --resume goes on")
     p.add_argument("--resume", action="store_true", help="go on from what DIR holds")
@@ -258,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_regress)
 
     p = command(sub, "ui", help="serve the Streamlit app (Translate, Summarize, Transcribe) on 127.0.0.1")
-    p.add_argument("--port", type=int, default=8501)
+    p.add_argument("--port", type=int, default=8501, help="the Streamlit server's port (default: %(default)s)")
     p.set_defaults(func=cmd_ui)
 
     p = command(sub, "demo", help="the main job on sample audio: build speech-real and transcribe it with the default "

@@ -9,7 +9,7 @@ corpus   ASR: sentences of Debian package descriptions that no evaluation set ho
          Text models: source lines from the given text files.
 label    the main model's own greedy output, decoded by Tandem's batched engine (``teacher``); the training
          features (encoder output, teacher top-8) go to the run's folder in shards (``shards``). Shard 0 is
-         held out.
+         held out; Whisper runs also measure on held-out fortunes labelled at run time (``heldout``).
 train    ``student``: a shallow decoder initialised from the main decoder's layers, trained on CE + KL.
 export   ``export``: the assistant folder and its card.
 """
@@ -24,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..models.loading import ModelRef
+from .heldout import FORTUNES, build_fortunes
 from .options import HELDOUT_SHARD, TOPK, DistillError, DistillOptions, HeldOut
 from .shards import Shard, build_features, grow_corpus, read_shard, shard_done
 from .student import spread_layers
@@ -144,7 +145,8 @@ def build_corpus(opts: DistillOptions, teacher: Teacher, deadline: float | None,
     deadline); returns the number of training shards done. Each shard is written atomically, so a stopped
     run loses at most one. ``reader`` (default ``teacher``) encodes the clips whose labels the corpus holds."""
     shards = [HELDOUT_SHARD, *opts.training_shards]
-    if not opts.label_only and all(shard_done(opts.out, s) for s in shards):
+    held = not teacher.is_whisper or opts.curve or shard_done(opts.out, FORTUNES)  # else the held-out fortunes may be due
+    if not opts.label_only and held and all(shard_done(opts.out, s) for s in shards):
         return len(shards) - 1
     tmp = opts.out / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
@@ -167,6 +169,8 @@ def build_corpus(opts: DistillOptions, teacher: Teacher, deadline: float | None,
             if opts.label_only:  # the corpus only: its shards count, no training features
                 return grow_corpus(teacher, source.items, shards, 440, deadline, log, corpus) - corpus.has(HELDOUT_SHARD)
             done = build_features(opts, teacher, source.items, shards, 440, deadline, log, corpus, reader)
+            if done == len(shards) and not opts.curve:  # a curve's sizes stay chosen on shard 0, as its record's
+                build_fortunes(opts.out, teacher, source.sentences, source.speaker, tmp, opts.heldout, log)
         except CorpusError as e:
             raise DistillError(str(e)) from None
         if source.skipped:

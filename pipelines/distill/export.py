@@ -11,6 +11,7 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
+from .heldout import FORTUNES
 from .options import TOPK, DistillOptions
 from .teacher import Teacher
 from .training import load_best
@@ -80,6 +81,21 @@ def training_items(card: dict) -> str:
     return f"{card.get('items', '?')} training items (corpus shards {named})"
 
 
+def curve_rows(curve: list[dict]) -> list[str]:
+    """The training's held-out points as a table: shard 0 and, where measured, the held-out fortunes
+    (``heldout.FORTUNES``; the best checkpoint is chosen on their average)."""
+    fortunes = any(FORTUNES in p for p in curve)
+    rows = ["| step | clips seen | agreement | tokens per main call (k=5) |"
+            + (" fortunes: agreement | fortunes: tokens per call |" if fortunes else "") + " CPU s |",
+            "|---|---|---|---|" + ("---|---|" if fortunes else "") + "---|"]
+    for p in curve:
+        held = p.get(FORTUNES)
+        both = (f" {held['agreement']:.1%} | {held['tokens_per_call']:.2f} |" if held else " - | - |") if fortunes else ""
+        rows.append(f"| {p['step']} | {p['clips_seen']} | {p['agreement']:.1%} | {p['tokens_per_call']:.2f} |{both} "
+                    f"{p['cpu_seconds']} |")
+    return rows
+
+
 def card_text(card: dict) -> str:
     best = card.get("training") or {}
     lines = [
@@ -95,10 +111,8 @@ def card_text(card: dict) -> str:
         "- labels: the main model's own greedy output (Tandem's engine); loss CE + "
         f"{card['options']['kl_weight']} x KL to the teacher's top-{TOPK}",
         f"- best held-out point: {json.dumps(best)}", "", "## Learning curve (held-out)", "",
-        "| step | clips seen | agreement | tokens per main call (k=5) | CPU s |", "|---|---|---|---|---|",
+        *curve_rows(card.get("curve") or []),
     ]
-    for p in card.get("curve") or []:
-        lines.append(f"| {p['step']} | {p['clips_seen']} | {p['agreement']:.1%} | {p['tokens_per_call']:.2f} | {p['cpu_seconds']} |")
     if card.get("sizes"):
         from .curve import curve_table
 

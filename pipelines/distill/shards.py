@@ -24,15 +24,16 @@ from .teacher import Teacher
 GROUP = 16  # items encoded and decoded together
 
 
-def shard_dir(out: Path, shard: int) -> Path:
-    return out / "shards" / f"{shard:05d}"
+def shard_dir(out: Path, shard: int | str) -> Path:
+    """A features shard's folder: a corpus shard by its number, another set by its name (``heldout.FORTUNES``)."""
+    return out / "shards" / (shard if isinstance(shard, str) else f"{shard:05d}")
 
 
-def shard_done(out: Path, shard: int) -> bool:
+def shard_done(out: Path, shard: int | str) -> bool:
     return (shard_dir(out, shard) / "items.json").is_file()
 
 
-def write_shard(out: Path, shard: int, hidden, mask, items, prompts, labels, topk_ids, topk_lp) -> None:
+def write_shard(out: Path, shard: int | str, hidden, mask, items, prompts, labels, topk_ids, topk_lp) -> None:
     final = shard_dir(out, shard)
     tmp = final.with_name(final.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -60,7 +61,7 @@ class Shard:
     offsets: list[int]  # start of each item's label positions in the top-k arrays
 
 
-def read_shard(out: Path, shard: int) -> Shard:
+def read_shard(out: Path, shard: int | str) -> Shard:
     d = shard_dir(out, shard)
     items = json.loads((d / "items.json").read_text())
     offsets, acc = [], 0

@@ -1,6 +1,7 @@
 """Training a drafter on the shards, whatever its design (``Design``: the shallow student of ``student``, or the
 Medusa-style heads of ``medusa``): AdamW, warm-up then cosine decay by step, the held-out estimate every
-``eval_every`` steps, the best checkpoint by tokens per call. Checkpoints are atomic; a run stops at its budget
+``eval_every`` steps on each held-out set (``heldout``), the best checkpoint by tokens per call averaged over
+them (``heldout.is_better``). Checkpoints are atomic; a run stops at its budget
 and ``--resume`` goes on from the last one."""
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Protocol
 
 import numpy as np
 
-from .options import HELDOUT_SHARD, DistillError, DistillOptions, HeldOut
+from .heldout import heldout_names, is_better
+from .options import DistillError, DistillOptions, HeldOut
 from .shards import Shard, read_shard
 from .student import StudentDesign, corpus_vocabulary, draft_vocabulary
 from .teacher import Teacher
@@ -82,6 +84,11 @@ def _save_checkpoint(path: Path, state: dict) -> None:
     os.replace(tmp, path)
 
 
+def rounded(h: HeldOut) -> dict:
+    """A held-out estimate as a curve point's fields (4 decimals; Medusa's per-head agreement where measured)."""
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(h).items() if v != ()}
+
+
 def lr_at(step: int, steps_total: int, lr: float) -> float:
     """Warm-up (5% of the steps, at most 100) then cosine decay to 0, by step."""
     warm = max(1, min(100, steps_total // 20))
@@ -106,7 +113,7 @@ def train(opts: DistillOptions, teacher: Teacher, shards_ids: list[int], deadlin
     design = make_design(opts, teacher, vocab)
     optim = torch.optim.AdamW(design.params, lr=opts.lr, weight_decay=0.01)
     shards = {s: read_shard(opts.out, s) for s in shards_ids}
-    heldout = read_shard(opts.out, HELDOUT_SHARD)
+    heldout = {name: read_shard(opts.out, name) for name in heldout_names(opts.out)}
     order = [(s, i) for s in shards_ids for i in range(len(shards[s].items))]
     steps_total = opts.steps if opts.steps is not None else max(1, int(opts.epochs * len(order) / opts.batch_size))
     state = {"step": 0, "seen": 0, "best": None, "curve": [], "seconds": 0.0, "steps_total": steps_total}
@@ -127,18 +134,19 @@ def train(opts: DistillOptions, teacher: Teacher, shards_ids: list[int], deadlin
     def measure() -> None:  # the held-out point of this step; the best checkpoint by tokens per call
         nonlocal t_run
         design.mode(False)
-        h = design.evaluate(heldout)
+        h, *others = [design.evaluate(shard) for shard in heldout.values()]
         design.mode(True)
         state["seconds"] += time.perf_counter() - t_run
         t_run = time.perf_counter()
         point = {"step": state["step"], "clips_seen": state["seen"], "distinct_clips": min(state["seen"], len(order)),
                  "loss": None if loss is None else round(float(loss), 4),
-                 **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(h).items() if v != ()},
+                 **rounded(h),
+                 **{name: rounded(o) for name, o in zip(list(heldout)[1:], others)},
                  "cpu_seconds": round(state["seconds"], 1)}
         state["curve"].append(point)
         bar.set_postfix(agree=f"{h.agreement:.1%}", tpc=f"{h.tokens_per_call:.2f}")
         log(json.dumps(point))
-        if state["best"] is None or h.tokens_per_call > state["best"]["tokens_per_call"]:
+        if is_better(point, state["best"]):
             state["best"] = point
             _save_checkpoint(out / "best.pt", {"student": design.state(), "vocab": vocab, "drafter": design.kind})
 

@@ -1,0 +1,68 @@
+"""The held-out sets a Whisper student is measured on while it trains (issue 17): the corpus's held-out shard
+0 (its own sentences; committed before the corpus drew fortunes, so descriptions only) and, where the
+sentence index holds out fortunes (``speech.is_heldout``), as many clips drawn from those fortunes with a fixed
+seed, labelled at run time by the labelling teacher (the corpus's dtype) and kept as the run's features shard
+``fortunes``. The best checkpoint is the one with the most tokens per main call averaged over the sets, so a
+training that gains on the everyday words of fortunes while losing a little on descriptions is weighed on
+both (the corpus draws the two about equally often)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from .options import HELDOUT_SHARD
+from .shards import _item, featurise, shard_done, write_shard
+from .speech import Sentences, make_recipe, render
+from .teacher import Teacher
+
+FORTUNES = "fortunes"  # the run's features shard of held-out fortunes (``shards.shard_dir``)
+FORTUNES_SEED = 20261204
+
+
+def fortune_items(sentences: Sentences, speaker, tmp: Path, n: int, seed: int = FORTUNES_SEED) -> list[dict]:
+    """``n`` items (the corpus's mix of short clips and 30 s windows, ``speech.make_recipe``) drawn with
+    ``seed`` from the held-out fortunes of ``sentences``, audio synthesised; [] where it holds out none."""
+    pool = [r for r in sentences.heldout if r[0].startswith("fortunes/")]
+    if not pool:
+        return []
+    rng, items = random.Random(seed), []
+    for _ in range(n):
+        spoken: dict = {}  # a window's sentences, synthesised once for its recipe and its audio
+        recipe = make_recipe(rng, pool, sentences.text, speaker, tmp, spoken)
+        items.append(_item(recipe, sentences.text, render(recipe, sentences.text, speaker, tmp, spoken)))
+    return items
+
+
+def build_fortunes(out: Path, teacher: Teacher, sentences: Sentences, speaker, tmp: Path, n: int, log) -> bool:
+    """The run's ``fortunes`` features shard (``n`` items, labelled by ``teacher``'s greedy decoding), unless
+    it is on disk; returns whether the run has one."""
+    if shard_done(out, FORTUNES):
+        return True
+    items = fortune_items(sentences, speaker, tmp / "fortunes.wav", n)
+    if not items:
+        return False
+    hidden, mask, prompts, labels, ids, lps = featurise(teacher, items, 440)
+    write_shard(out, FORTUNES, hidden, mask, items, prompts, labels, ids, lps)
+    log(f"held-out fortunes: {len(items)} items, {sum(map(len, labels))} label tokens")
+    return True
+
+
+def heldout_names(out: Path) -> list[int | str]:
+    """The held-out features shards a run measures its checkpoints on: shard 0, and ``fortunes`` when built."""
+    return [HELDOUT_SHARD, *([FORTUNES] if shard_done(out, FORTUNES) else [])]
+
+
+def selection_score(point: dict, other: dict) -> float:
+    """A held-out point's tokens per main call, averaged over the held-out sets it shares with ``other``
+    (shard 0's figures at the top level, the fortunes' under ``fortunes``): points measured on different sets
+    (a run resumed after its fortunes were built) are compared on shard 0 alone."""
+    sets = [point["tokens_per_call"]]
+    if FORTUNES in point and FORTUNES in other:
+        sets.append(point[FORTUNES]["tokens_per_call"])
+    return sum(sets) / len(sets)
+
+
+def is_better(point: dict, best: dict | None) -> bool:
+    """Whether ``point`` beats the best point so far (``selection_score`` on the sets both were measured on)."""
+    return best is None or selection_score(point, best) > selection_score(best, point)
