@@ -9,6 +9,7 @@ import gzip
 import json
 import random
 import shutil
+import time
 
 import pytest
 
@@ -495,3 +496,15 @@ def test_the_best_checkpoint_weighs_both_heldout_sets_alike():
     assert is_better(steady, None) and is_better(traded, steady) and not is_better(steady, traded)
     assert not is_better({"tokens_per_call": 4.0, HELD_OUT_FORTUNES: {"tokens_per_call": 3.2}}, steady)
     assert not is_better(traded, {"tokens_per_call": 4.0}) and is_better({"tokens_per_call": 4.1}, steady)
+    assert not is_better({"tokens_per_call": 3.9}, steady)  # shard 0 alone: 3.9 < 4.0, whatever the fortunes
+    assert is_better({"tokens_per_call": 4.05, HELD_OUT_FORTUNES: {"tokens_per_call": 3.0}}, {"tokens_per_call": 4.0})
+
+
+def test_held_out_fortunes_wait_when_the_budget_is_spent(tmp_path):
+    """A run past its deadline labels no fortunes (``--resume`` does) and says so."""
+    from pipelines.distill.heldout import build_fortunes
+
+    said = []
+    never = object()  # a teacher, sentences or speaker touched here would fail loudly
+    assert not build_fortunes(tmp_path, never, never, never, tmp_path, 96, time.time() - 1, said.append)
+    assert said and "--resume" in said[0] and not list(tmp_path.iterdir())

@@ -230,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="DIR", help="working folder: shards, checkpoints, and the exported assistant in DIR/assistant")
     p.add_argument("--clips", type=int, default=4000, help="training items (default 4000); items the corpus does not hold yet are labelled and added to it")
     p.add_argument("--heldout", type=int, default=96,
-                   help="held-out items (shard 0; Whisper: as many held-out fortunes too) for the agreement estimate")
+                   help="held-out items (shard 0; Whisper, without --curve: as many held-out fortunes too) for the agreement estimate")
     p.add_argument("--epochs", type=float, default=3.0,
                    help="passes over the training items (default: %(default)s; --steps instead counts optimizer steps)")
     p.add_argument("--batch-size", type=int, default=16, help="clips per optimizer step (default: %(default)s)")

@@ -170,7 +170,7 @@ def build_corpus(opts: DistillOptions, teacher: Teacher, deadline: float | None,
                 return grow_corpus(teacher, source.items, shards, 440, deadline, log, corpus) - corpus.has(HELDOUT_SHARD)
             done = build_features(opts, teacher, source.items, shards, 440, deadline, log, corpus, reader)
             if done == len(shards) and not opts.curve:  # a curve's sizes stay chosen on shard 0, as its record's
-                build_fortunes(opts.out, teacher, source.sentences, source.speaker, tmp, opts.heldout, log)
+                build_fortunes(opts.out, teacher, source.sentences, source.speaker, tmp, opts.heldout, deadline, log)
         except CorpusError as e:
             raise DistillError(str(e)) from None
         if source.skipped:

@@ -1,14 +1,18 @@
 """The held-out sets a Whisper student is measured on while it trains (issue 17): the corpus's held-out shard
-0 (its own sentences; committed before the corpus drew fortunes, so descriptions only) and, where the
-sentence index holds out fortunes (``speech.is_heldout``), as many clips drawn from those fortunes with a fixed
-seed, labelled at run time by the labelling teacher (the corpus's dtype) and kept as the run's features shard
+0 (its own sentences; the committed corpus's shard 0 was labelled before it drew fortunes, so it holds
+descriptions only) and, where the sentence index holds out fortunes (``speech.is_heldout``), ``--heldout``
+clips (96 by default, as many as shard 0 holds) drawn from those fortunes with a fixed seed, labelled at run time by the labelling teacher (the corpus's dtype) and kept as the run's features shard
 ``fortunes``. The best checkpoint is the one with the most tokens per main call averaged over the sets, so a
 training that gains on the everyday words of fortunes while losing a little on descriptions is weighed on
-both (the corpus draws the two about equally often)."""
+both (the corpus draws the two about equally often). ``--curve`` keeps shard 0 alone, as its record does.
+
+The fortunes are featurised by the labelling teacher (bfloat16 where the CPU has it), shard 0 by the run's
+reader (float32 on a CPU without bfloat16): their hidden states may differ in the last bits, the labels not."""
 
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 
 from .options import HELDOUT_SHARD
@@ -34,11 +38,15 @@ def fortune_items(sentences: Sentences, speaker, tmp: Path, n: int, seed: int = 
     return items
 
 
-def build_fortunes(out: Path, teacher: Teacher, sentences: Sentences, speaker, tmp: Path, n: int, log) -> bool:
+def build_fortunes(out: Path, teacher: Teacher, sentences: Sentences, speaker, tmp: Path, n: int,
+                   deadline: float | None, log) -> bool:
     """The run's ``fortunes`` features shard (``n`` items, labelled by ``teacher``'s greedy decoding), unless
-    it is on disk; returns whether the run has one."""
+    it is on disk or the deadline (``time.time()`` seconds) has passed; returns whether the run has one."""
     if shard_done(out, FORTUNES):
         return True
+    if deadline is not None and time.time() > deadline:
+        log("held-out fortunes: not labelled (the budget is spent; --resume labels them)")
+        return False
     items = fortune_items(sentences, speaker, tmp / "fortunes.wav", n)
     if not items:
         return False
