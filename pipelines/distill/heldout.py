@@ -1,8 +1,8 @@
 """The held-out sets a Whisper student is measured on while it trains (issue 17): the corpus's held-out shard
 0 (its own sentences; the committed corpus's shard 0 was labelled before it drew fortunes, so it holds
 descriptions only) and, where the sentence index holds out fortunes (``speech.is_heldout``), ``--heldout``
-clips (96 by default, as many as shard 0 holds) drawn from those fortunes with a fixed seed, labelled at run time by the labelling teacher (the corpus's dtype) and kept as the run's features shard
-``fortunes``. The best checkpoint is the one with the most tokens per main call averaged over the sets, so a
+clips (96 by default, as many as shard 0 holds) drawn from those fortunes with a fixed seed, labelled at run
+time by the labelling teacher (the corpus's dtype) and kept as the run's features shard ``fortunes``. The best checkpoint is the one with the most tokens per main call averaged over the sets, so a
 training that gains on the everyday words of fortunes while losing a little on descriptions is weighed on
 both (the corpus draws the two about equally often). ``--curve`` keeps shard 0 alone, as its record does.
 
@@ -15,7 +15,7 @@ import random
 import time
 from pathlib import Path
 
-from .options import HELDOUT_SHARD
+from .options import HELDOUT_SHARD, DistillOptions
 from .shards import _item, featurise, shard_done, write_shard
 from .speech import Sentences, make_recipe, render
 from .teacher import Teacher
@@ -56,9 +56,10 @@ def build_fortunes(out: Path, teacher: Teacher, sentences: Sentences, speaker, t
     return True
 
 
-def heldout_names(out: Path) -> list[int | str]:
-    """The held-out features shards a run measures its checkpoints on: shard 0, and ``fortunes`` when built."""
-    return [HELDOUT_SHARD, *([FORTUNES] if shard_done(out, FORTUNES) else [])]
+def heldout_names(opts: DistillOptions) -> list[int | str]:
+    """The held-out features shards a run measures its checkpoints on: shard 0, and ``fortunes`` when built in
+    ``opts.out`` and the run is no ``--curve`` (a curve's record stays chosen on shard 0)."""
+    return [HELDOUT_SHARD, *([FORTUNES] if not opts.curve and shard_done(opts.out, FORTUNES) else [])]
 
 
 def selection_score(point: dict, other: dict) -> float:

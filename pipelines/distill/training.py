@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from .heldout import heldout_names, is_better
-from .options import HELDOUT_SHARD, DistillError, DistillOptions, HeldOut
+from .options import DistillError, DistillOptions, HeldOut
 from .shards import Shard, read_shard
 from .student import StudentDesign, corpus_vocabulary, draft_vocabulary
 from .teacher import Teacher
@@ -113,8 +113,7 @@ def train(opts: DistillOptions, teacher: Teacher, shards_ids: list[int], deadlin
     design = make_design(opts, teacher, vocab)
     optim = torch.optim.AdamW(design.params, lr=opts.lr, weight_decay=0.01)
     shards = {s: read_shard(opts.out, s) for s in shards_ids}
-    names = [HELDOUT_SHARD] if opts.curve else heldout_names(opts.out)  # a curve's record: shard 0 alone
-    heldout = {name: read_shard(opts.out, name) for name in names}
+    heldout = {name: read_shard(opts.out, name) for name in heldout_names(opts)}
     order = [(s, i) for s in shards_ids for i in range(len(shards[s].items))]
     steps_total = opts.steps if opts.steps is not None else max(1, int(opts.epochs * len(order) / opts.batch_size))
     state = {"step": 0, "seen": 0, "best": None, "curve": [], "seconds": 0.0, "steps_total": steps_total}
