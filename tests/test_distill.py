@@ -149,9 +149,11 @@ def test_a_curve_point_measured_at_other_steps_is_not_reused(tmp_path):
 
 
 def test_shards_are_numbers_and_ranges():
-    from pipelines.cli.commands import parse_shards
+    from pipelines.distill.options import parse_shards, shard_ranges
 
     assert parse_shards("317-320") == (317, 318, 319, 320) and parse_shards("5, 1-2,2") == (1, 2, 5)
+    assert shard_ranges([7, 1, 3, 2, 9, 10]) == "1-3,7,9-10" and shard_ranges([]) == ""
+    assert parse_shards(shard_ranges([4, 11, 317, 318, 319])) == (4, 11, 317, 318, 319)
     assert parse_shards(None) == () and parse_shards("") == ()
     for bad in ("a", "5-3", "1-", "-2", "1;2"):
         with pytest.raises(DistillError, match="--shards"):

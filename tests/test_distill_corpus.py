@@ -222,6 +222,9 @@ def test_the_card_names_this_assistant_and_the_shipped_one_once(tmp_path):
     rows, left = name_rows([a, b], b, {**shipped, "clips": 32})  # not recorded: its own row stays
     assert [r.get("role") for r in rows] == [None, "this assistant"] and left["clips"] == 32
     assert name_rows([a, b], a, shipped)[0][0]["role"] == "this assistant, shipped"
+    started = "start of this assistant, shipped"  # a --start run's start, where it is the shipped one
+    assert name_rows([a, b], b, shipped, started)[0][0]["role"] == started
+    assert name_rows([a, b], b, {**shipped, "clips": 32}, started)[1]["role"] == started
 
 
 def test_a_curve_table_says_when_its_rows_were_trained_for_other_steps():
@@ -433,7 +436,7 @@ def test_fortune_files_are_read_from_the_unpacked_package(tmp_path):
 
 
 
-def test_a_student_goes_on_from_the_shipped_assistant_on_the_shards_named(sentences, tmp_path, monkeypatch):
+def test_a_student_goes_on_from_the_shipped_assistant_on_the_shards_named(sentences, tmp_path, monkeypatch, speech_real):
     """--start shipped --shards 2: the student starts from the shipped layers (not the main model's), reads
     the features of shards 0 and 2 only, drafts the tokens of the whole corpus (shard 1's too) and its card
     says where it started and what it trained on. Where the index holds fortunes out, the run labels as many
@@ -441,7 +444,9 @@ def test_a_student_goes_on_from_the_shipped_assistant_on_the_shards_named(senten
     import torch
     from safetensors.torch import load_file
 
-    from pipelines.distill import speech
+    from pipelines.distill import lineage, speech
+    from pipelines.distill.lineage import start_row
+    from pipelines.distill.options import parse_shards
     from pipelines.distill.shards import shard_done
     from pipelines.distill.student import StudentDesign, start_folder
     from pipelines.distill.teacher import Teacher
@@ -466,6 +471,10 @@ def test_a_student_goes_on_from_the_shipped_assistant_on_the_shards_named(senten
     assert {f"model.decoder.{k}" for k in stored} == set(state)
     assert all(torch.equal(state[f"model.decoder.{k}"], v.float()) for k, v in stored.items())
 
+    was = start_row(json.loads((shipped / "card.json").read_text()))
+    assert 2 in parse_shards(was["shards"])  # the shipped one trained on the corpus's first shards
+    monkeypatch.setattr(lineage, "start_row", lambda card: {"clips": 100, "steps": 10, "clips_seen": 160,
+                                                            "train_seconds": 5.0, "shards": "1,3-5"})
     folder = distill(opts, log=lambda *_: None)
     assert [shard_done(opts.out, s) for s in range(3)] == [True, False, True]
     held = read_shard(opts.out, HELD_OUT_FORTUNES)
@@ -473,7 +482,22 @@ def test_a_student_goes_on_from_the_shipped_assistant_on_the_shards_named(senten
     assert all(it["labels"] for it in held.items)
     card = json.loads((folder / "card.json").read_text())
     meta = json.loads((folder / "assistant.json").read_text())
-    assert card["start"] == {"folder": str(shipped), "sha256": json.loads((shipped / "assistant.json").read_text())["sha256"]}
+    digest = json.loads((shipped / "assistant.json").read_text())["sha256"]
+    assert card["start"] == {"folder": "pipelines/assistants/whisper-base-distilled", "sha256": digest}
+    before = json.loads((shipped / "card.json").read_text())  # the start's card carries on: its training, newest first
+    assert card["history"][0]["training"] == before["training"] and card["history"][0]["curve"] == before["curve"]
+    assert card["history"][1:] == before.get("history", [])
+    text = (folder / "CARD.md").read_text()
+    assert f"## Earlier training: the start, layers sha256 {digest[:12]}" in text
+    # its point of the corpus's record, counted over its lineage: the start's distinct clips (its row, here one
+    # that never trained on shard 2) and shard 2's 4; steps, clips seen and training seconds add up
+    mine = [p for p in card["sizes"] if p.get("role") == "this assistant"]
+    assert len(mine) == 1 and (mine[0]["clips"], mine[0]["steps"], mine[0]["clips_seen"]) == (104, 12, 164)
+    assert mine[0]["shards"] == "1-5" and mine[0]["train_seconds"] > 5.0
+    assert 0 < mine[0]["real"]["agreement"] <= 1 and mine[0]["source"].startswith("went on from whisper-base-distilled")
+    assert json.loads((corpus / "curve.json").read_text())["sizes"] == [{k: v for k, v in mine[0].items() if k != "role"}]
+    assert card["shipped"]["role"] == "start of this assistant, shipped"
+    assert "(the start of this assistant, shipped whisper-base-distilled, its card)" in text
     assert card["items"] == 4 and card["init_layers"] == meta["init_layers"] == [0, 5]
     shard1 = {t for clip in Corpus(corpus, TEACHER, {}).read(1) for t in clip.labels}
     assert shard1 <= set(meta["draft_vocab"])

@@ -267,6 +267,7 @@ def cmd_bench_scale(args: argparse.Namespace) -> int:
 
 def cmd_distill(args: argparse.Namespace) -> int:
     from ..distill import DistillOptions, corpus_labelled, curve_options, distill
+    from ..distill.options import parse_shards
 
     data = tuple(args.data) if args.data else ("debian-speech",)
     opts = DistillOptions(main=args.main, out=Path(args.out), layers=args.layers, init=args.init, data=data, clips=args.clips,
@@ -302,21 +303,6 @@ def parse_sizes(text: str | None) -> tuple[int, ...]:
     if not sizes or sizes[0] <= 0:
         raise DistillError(f"--curve {text!r}: positive clip counts, comma-separated")
     return sizes
-
-
-def parse_shards(text: str | None) -> tuple[int, ...]:
-    """--shards' comma-separated shard numbers and ranges A-B (DistillError, exit 2, for anything else)."""
-    from ..distill import DistillError
-
-    if not text:
-        return ()
-    shards: set[int] = set()
-    for part in text.split(","):
-        low, dash, high = part.strip().partition("-")
-        if not low.isdigit() or (dash and not high.isdigit()) or (dash and int(high) < int(low)):
-            raise DistillError(f"--shards {text!r}: shard numbers and ranges A-B, comma-separated")
-        shards.update(range(int(low), int(high or low) + 1))
-    return tuple(sorted(shards))
 
 
 def cmd_regress(args: argparse.Namespace) -> int:

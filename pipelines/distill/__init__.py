@@ -11,7 +11,8 @@ label    the main model's own greedy output, decoded by Tandem's batched engine 
          features (encoder output, teacher top-8) go to the run's folder in shards (``shards``). Shard 0 is
          held out; Whisper runs also measure on held-out fortunes labelled at run time (``heldout``).
 train    ``student``: a shallow decoder initialised from the main decoder's layers, trained on CE + KL.
-export   ``export``: the assistant folder and its card.
+export   ``export``: the assistant folder and its card. A run that went on from an assistant (``--start``)
+         carries the start's card forward and records its point of the corpus's learning curve (``lineage``).
 """
 
 from __future__ import annotations
@@ -247,6 +248,7 @@ def check_curve(opts: DistillOptions, whisper: bool) -> None:
                            "trains on the first N clips of the corpus: --shards and --curve do not go together")
     if opts.start is not None:
         check_start(opts, whisper)
+        check_real_set("--start")
     if not opts.curve:
         return
     if not whisper:
@@ -255,13 +257,19 @@ def check_curve(opts: DistillOptions, whisper: bool) -> None:
     if odd:
         raise DistillError(f"--curve {','.join(map(str, odd))}: sizes are whole shards of {opts.shard_size} clips "
                            f"(e.g. {','.join(str(max(1, round(n / opts.shard_size)) * opts.shard_size) for n in odd)})")
+    check_real_set("--curve")
+
+
+def check_real_set(option: str) -> None:
+    """A run that records a point of the learning curve (``--curve``, ``--start``) measures it on speech-real:
+    DistillError where that set is not built."""
     from ..quality.sets import DataBuildError, read_manifest
     from .curve import REAL_SET
 
     try:
         read_manifest(REAL_SET)
     except DataBuildError as e:
-        raise DistillError(f"--curve measures on {REAL_SET}: {e}") from None
+        raise DistillError(f"{option} measures on {REAL_SET}: {e}") from None
 
 
 def check_start(opts: DistillOptions, whisper: bool) -> None:
@@ -327,6 +335,11 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
         if state["step"] > 0 and (opts.out / "train" / "best.pt").is_file():  # never the untrained start alone
             export(opts, teacher, state, log)
         return None
+    if opts.start is not None:  # its point of the corpus's learning curve, counted over its lineage
+        from .lineage import lineage_point
+
+        sizes, shipped = lineage_point(opts, teacher, reader, state, opts.corpus or default_corpus(ref), log)
+        return export(opts, teacher, state, log, sizes=sizes, shipped=shipped)
     return export(opts, teacher, state, log)
 
 

@@ -106,7 +106,7 @@ def measure_size(opts: DistillOptions, teacher: Teacher, clips: int, real: Shard
     seconds, devices = labelling_cost(corpus_folder, shards) if corpus_folder else (0.0, ())
     start = state["curve"][0] if state["curve"] and state["curve"][0]["step"] == 0 else None
     point = CurvePoint(sum(len(read_shard(opts.out, s).items) for s in shards), state["step"], state["seen"], heldout,
-                       on_real, seconds, devices, round(state["seconds"], 1), f"{teacher.device}: {_where(teacher)}",
+                       on_real, seconds, devices, round(state["seconds"], 1), device_name(teacher),
                        design.init_layers, len(design.vocab), design.cost(teacher.model.config),
                        None if start is None else HeldOut(start["agreement"], start["tokens_per_call"], start["coverage"],
                                                           tuple(start.get("per_head", ()))), design.kind,
@@ -137,16 +137,17 @@ def shipped_point(teacher: Teacher, heldout: Shard, real: Shard) -> dict | None:
         return None
     if not all((folder / f).is_file() for f in ("assistant.json", "card.json", "layers.safetensors")):
         return None
+    from .lineage import start_row
+
     meta = json.loads((folder / "assistant.json").read_text())
     card = json.loads((folder / "card.json").read_text())
+    own = start_row(card)
     student = make_student(teacher.model, meta["layers"]).float().to(teacher.device)
     load_layers(student, folder)
     student.eval()
     vocab = meta["draft_vocab"]
-    training = card.get("training") or {}
-    return {"name": folder.name, "clips": card["options"]["clips"],
-            "steps": card["options"].get("steps") or training.get("step"),  # its training's length, else its best step
-            "clips_seen": training.get("clips_seen"), "layers": meta.get("init_layers"), "draft_vocab": len(vocab),
+    return {"name": folder.name, "clips": own["clips"], "steps": own["steps"], "clips_seen": own["clips_seen"],
+            "layers": meta.get("init_layers"), "draft_vocab": len(vocab),
             "draft_cost": draft_cost(teacher.model.config, meta["layers"], len(vocab)),
             "heldout": asdict(evaluate_heldout(student, heldout, vocab)), "real": asdict(evaluate_heldout(student, real, vocab))}
 
@@ -182,15 +183,19 @@ def record_points(corpus_folder: Path, points: list[dict], heldout: int, log) ->
     return sizes
 
 
-def name_rows(sizes: list[dict], mine: dict, shipped: dict | None) -> tuple[list[dict], dict | None]:
+def name_rows(sizes: list[dict], mine: dict, shipped: dict | None,
+              shipped_role: str = "shipped") -> tuple[list[dict], dict | None]:
     """The card's rows: ``sizes`` with ``mine`` (the exported point) and the shipped assistant (``shipped_point``)
-    named by their ``role``; ``shipped`` comes back None where it is a recorded point (one row, not two)."""
+    named by their ``role`` (the shipped one's ``shipped_role``, e.g. "start of this assistant, shipped");
+    ``shipped`` comes back None where it is a recorded point (one row, not two)."""
     now = shipped and point_key(shipped)
     roles = {point_key(mine): "this assistant"}
     if now:
-        roles[now] = "this assistant, shipped" if now in roles else "shipped"
+        roles[now] = f"this assistant, {shipped_role}" if now in roles else shipped_role
     rows = [{**p, "role": roles[point_key(p)]} if point_key(p) in roles else p for p in sizes]
-    return rows, None if now in {point_key(p) for p in sizes} else shipped
+    if shipped and now not in {point_key(p) for p in sizes}:
+        return rows, {**shipped, "role": shipped_role}
+    return rows, None
 
 
 def learning_curve(opts: DistillOptions, label_teacher: Teacher, train_teacher: Teacher, corpus_folder: Path | None,
@@ -253,6 +258,11 @@ def curve_table(points: list[dict], shipped: dict | None = None) -> list[str]:
                      f"{p['heldout']['tokens_per_call']:.2f} | {p['real']['agreement']:.1%} | {p['real']['tokens_per_call']:.2f} "
                      "| see its card | see its card |")
     return lines
+
+
+def device_name(teacher: Teacher) -> str:
+    """Where the teacher runs, as the curve records it ("cpu: Intel(R) Xeon(R) Processor", "cuda:0: NVIDIA H200")."""
+    return f"{teacher.device}: {_where(teacher)}"
 
 
 def _where(teacher: Teacher) -> str:

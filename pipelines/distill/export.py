@@ -12,7 +12,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .heldout import FORTUNES
-from .options import TOPK, DistillOptions
+from .lineage import start_records
+from .options import TOPK, DistillOptions, shard_ranges
 from .teacher import Teacher
 from .training import load_best
 
@@ -22,7 +23,8 @@ def export(opts: DistillOptions, teacher: Teacher, state: dict, log, folder: Pat
     """Write the assistant from the best checkpoint of ``folder`` (default: the run's ``train``) into
     ``out/assistant``; ``sizes``: the learning curve by corpus size, every point the corpus's record holds
     (``curve.record_points``, this assistant's row and the shipped one's with ``role``), shown on the card with
-    ``shipped``, the shipped assistant measured in the same run where it is not a recorded point."""
+    ``shipped``, the shipped assistant measured in the same run where it is not a recorded point. A run that
+    went on from an assistant (``--start``) carries its start's card forward (``lineage.start_records``)."""
     import torch
 
     best = load_best(teacher, opts, folder or opts.out / "train")
@@ -35,7 +37,7 @@ def export(opts: DistillOptions, teacher: Teacher, state: dict, log, folder: Pat
         "main": str(teacher.ref), "layers": opts.layers, "init_layers": student.config.distill_init_layers,
         "draft_vocab_size": len(vocab), "training": state.get("best"), "curve": state.get("curve"),
         **({"items": state["items"]} if "items" in state else {}),
-        **({"start": start_record(opts, teacher)} if opts.start is not None else {}),
+        **(start_records(opts, teacher) if opts.start is not None else {}),
         **({"sizes": sizes, "shipped": shipped} if sizes else {}),
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()},
     }
@@ -62,23 +64,12 @@ def export(opts: DistillOptions, teacher: Teacher, state: dict, log, folder: Pat
     return final
 
 
-def start_record(opts: DistillOptions, teacher: Teacher) -> dict:
-    """The assistant a run went on from (``--start``): its folder and layers' sha256."""
-    from .student import read_start
-
-    folder, meta = read_start(opts.start, teacher.ref, opts.layers)
-    return {"folder": str(folder), "sha256": meta["sha256"]}
-
-
 def training_items(card: dict) -> str:
     """How many clips it trained on, and which of the corpus's shards where the run named them."""
     opts = card["options"]
     if not opts.get("shards"):
         return f"{opts['clips']} training items"
-    shards = list(opts["shards"])
-    whole = len(shards) > 1 and shards == list(range(shards[0], shards[-1] + 1))
-    named = f"{shards[0]}-{shards[-1]}" if whole else ",".join(map(str, shards))
-    return f"{card.get('items', '?')} training items (corpus shards {named})"
+    return f"{card.get('items', '?')} training items (corpus shards {shard_ranges(opts['shards'])})"
 
 
 def curve_rows(curve: list[dict]) -> list[str]:
@@ -113,6 +104,10 @@ def card_text(card: dict) -> str:
         f"- best held-out point: {json.dumps(best)}", "", "## Learning curve (held-out)", "",
         *curve_rows(card.get("curve") or []),
     ]
+    for earlier in card.get("history") or []:  # the trainings it went on from (``--start``), newest first
+        lines += ["", f"## Earlier training: {earlier['what']}", "",
+                  f"- data: {training_items(earlier) if 'options' in earlier else '?'}; best held-out point: "
+                  f"{json.dumps(earlier.get('training'))}", "", *curve_rows(earlier.get("curve") or [])]
     if card.get("sizes"):
         from .curve import curve_table
 

@@ -13,6 +13,30 @@ class DistillError(RuntimeError):
     """The distillation cannot go on; the message says why."""
 
 
+def parse_shards(text: str | None) -> tuple[int, ...]:
+    """Comma-separated shard numbers and ranges A-B ("1-3,7" -> (1, 2, 3, 7); DistillError for anything else)."""
+    if not text:
+        return ()
+    shards: set[int] = set()
+    for part in text.split(","):
+        low, dash, high = part.strip().partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()) or (dash and int(high) < int(low)):
+            raise DistillError(f"--shards {text!r}: shard numbers and ranges A-B, comma-separated")
+        shards.update(range(int(low), int(high or low) + 1))
+    return tuple(sorted(shards))
+
+
+def shard_ranges(shards) -> str:
+    """Shard numbers as ``parse_shards`` reads them, runs written A-B ([1, 2, 3, 7] -> "1-3,7")."""
+    runs: list[list[int]] = []
+    for s in sorted(set(shards)):
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
+
+
 @dataclass(frozen=True)
 class DistillOptions:
     main: str  # a pair name (its main model), an embedded name, a local folder or a hub id
