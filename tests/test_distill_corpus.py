@@ -497,6 +497,12 @@ def test_a_student_goes_on_from_the_shipped_assistant_on_the_shards_named(senten
     assert 0 < mine[0]["real"]["agreement"] <= 1 and mine[0]["source"].startswith("went on from whisper-base-distilled")
     assert json.loads((corpus / "curve.json").read_text())["sizes"] == [{k: v for k, v in mine[0].items() if k != "role"}]
     assert card["shipped"]["role"] == "start of this assistant, shipped"
+    # the plan names the start's layers: a resume after the shipped assistant changed is refused, not miscounted
+    plan = json.loads((opts.out / "plan.json").read_text())
+    assert plan["start_sha256"] == digest
+    (opts.out / "plan.json").write_text(json.dumps({**plan, "start_sha256": "0" * 64}))
+    with pytest.raises(DistillError, match="other options"):
+        distill(DistillOptions(**{**opts.__dict__, "resume": True}), log=lambda *_: None)
     assert "(the start of this assistant, shipped whisper-base-distilled, its card)" in text
     assert card["items"] == 4 and card["init_layers"] == meta["init_layers"] == [0, 5]
     shard1 = {t for clip in Corpus(corpus, TEACHER, {}).read(1) for t in clip.labels}
@@ -508,6 +514,22 @@ def test_a_student_goes_on_from_the_shipped_assistant_on_the_shards_named(senten
     # (lr 1e-9: the exported layers are the shipped ones to bfloat16's precision)
     exported = load_file(folder / "layers.safetensors")
     assert all(torch.allclose(exported[k].float(), v.float(), atol=1e-2) for k, v in stored.items())
+
+
+def test_an_assistants_own_row_is_found_beside_its_start():
+    """``start_row``: the card's own row ("this assistant", "this assistant, shipped"), never its start's row
+    ("start of this assistant, shipped", sorted first); without one, its items, steps and training shards."""
+    from pipelines.distill.lineage import start_row
+
+    held = {"agreement": 0.8, "tokens_per_call": 3.5}
+    start = {"clips": 20224, "steps": 3792, "clips_seen": 60672, "heldout": held, "role": "start of this assistant, shipped"}
+    own = {"clips": 25472, "steps": 4808, "clips_seen": 76928, "heldout": held, "shards": "1-398"}
+    for role in ("this assistant", "this assistant, shipped"):
+        row = start_row({"sizes": [start, {**own, "role": role}], "options": {"clips": 4000, "shard_size": 64}})
+        assert (row["clips"], row["steps"], row["shards"]) == (25472, 4808, "1-398")
+    bare = start_row({"items": 8128, "training": {"distinct_clips": 8000, "step": 900, "clips_seen": 14400},
+                      "options": {"shards": [4, 11, 317, 318], "steps": None}, "sizes": [start]})
+    assert (bare["clips"], bare["steps"], bare["shards"]) == (8128, 900, "4,11,317-318")
 
 
 def test_the_best_checkpoint_weighs_both_heldout_sets_alike():

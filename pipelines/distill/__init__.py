@@ -248,7 +248,8 @@ def check_curve(opts: DistillOptions, whisper: bool) -> None:
                            "trains on the first N clips of the corpus: --shards and --curve do not go together")
     if opts.start is not None:
         check_start(opts, whisper)
-        check_real_set("--start")
+        if not opts.label_only:  # (labelling alone measures nothing)
+            check_real_set("--start")
     if not opts.curve:
         return
     if not whisper:
@@ -302,6 +303,10 @@ def distill(opts: DistillOptions, log=print) -> Path | None:
     design = ({"drafter": opts.drafter, "heads": opts.heads} if opts.drafter == "medusa"
               else {"layers": opts.layers, **({"init": opts.init} if opts.init != "spread" else {})})
     design.update({k: v for k, v in (("start", opts.start), ("shards", list(opts.shards))) if v})
+    if opts.start is not None:  # the start's layers: a run resumed after "shipped" changed is another run
+        from .student import read_start
+
+        design["start_sha256"] = read_start(opts.start, ref, opts.layers)[1]["sha256"]
     plan = {"main": opts.main, **design,
             "data": list(opts.data), "seed": opts.seed,
             "shard_size": opts.shard_size, "heldout": opts.heldout, **({"corpus": str(opts.corpus)} if opts.corpus else {})}

@@ -46,15 +46,22 @@ def start_row(card: dict) -> dict:
     clips seen, training seconds; ``shards`` the training shards)."""
     from .curve import shards_for
 
-    mine = next((p for p in card.get("sizes") or [] if "this assistant" in (p.get("role") or "")), None)
+    mine = next((p for p in card.get("sizes") or [] if is_own(p.get("role") or "")), None)
     opts = card.get("options") or {}
     shards = opts.get("shards") or shards_for(opts.get("clips", 0), opts.get("shard_size", 64))
     if mine:
         return {"shards": shard_ranges(shards), **mine}
     best = card.get("training") or {}
-    return {"clips": best.get("distinct_clips") or opts.get("clips", 0), "steps": opts.get("steps") or best.get("step", 0),
+    return {"clips": card.get("items") or best.get("distinct_clips") or opts.get("clips", 0),
+            "steps": opts.get("steps") or best.get("step", 0),
             "clips_seen": best.get("clips_seen", 0), "train_seconds": best.get("cpu_seconds"),
             "shards": shard_ranges(shards)}
+
+
+def is_own(role: str) -> bool:
+    """Whether a card's row with this ``role`` is the card's own assistant ("this assistant", "this assistant,
+    shipped"), not its start ("start of this assistant, shipped") or another point."""
+    return role == "this assistant" or role.startswith("this assistant,")
 
 
 def lineage_point(opts: DistillOptions, teacher: Teacher, reader: Teacher, state: dict, corpus_folder: Path,
