@@ -497,13 +497,13 @@ def test_a_student_goes_on_from_the_shipped_assistant_on_the_shards_named(senten
     assert 0 < mine[0]["real"]["agreement"] <= 1 and mine[0]["source"].startswith("went on from whisper-base-distilled")
     assert json.loads((corpus / "curve.json").read_text())["sizes"] == [{k: v for k, v in mine[0].items() if k != "role"}]
     assert card["shipped"]["role"] == "start of this assistant, shipped"
+    assert "(the start of this assistant, shipped whisper-base-distilled, its card)" in text
     # the plan names the start's layers: a resume after the shipped assistant changed is refused, not miscounted
     plan = json.loads((opts.out / "plan.json").read_text())
     assert plan["start_sha256"] == digest
     (opts.out / "plan.json").write_text(json.dumps({**plan, "start_sha256": "0" * 64}))
     with pytest.raises(DistillError, match="other options"):
         distill(DistillOptions(**{**opts.__dict__, "resume": True}), log=lambda *_: None)
-    assert "(the start of this assistant, shipped whisper-base-distilled, its card)" in text
     assert card["items"] == 4 and card["init_layers"] == meta["init_layers"] == [0, 5]
     shard1 = {t for clip in Corpus(corpus, TEACHER, {}).read(1) for t in clip.labels}
     assert shard1 <= set(meta["draft_vocab"])

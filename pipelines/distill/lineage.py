@@ -106,7 +106,6 @@ def lineage_point(opts: DistillOptions, teacher: Teacher, reader: Teacher, state
     return rows, shipped
 
 
-
 def shipped_folder(teacher: Teacher) -> Path | None:
     """The folder of the assistant shipped for the teacher's main model (None where none is)."""
     from .student import start_folder
