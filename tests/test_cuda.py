@@ -152,6 +152,18 @@ def test_graphs_replayed_with_ragged_rows_on_random_weights():
         assert all(g.graph is not None for c in pooled for g in c.fused.values())
 
 
+def test_bench_engine_on_the_gpu():
+    """``tandem bench engine --device cuda``'s random-weight workloads: models and inputs on the GPU, every system
+    (transformers plain and assisted, Tandem plain, assisted at batch 1 and 2) gives transformers' plain output."""
+    from pipelines.quality import bench
+
+    for w in bench.toy_workloads(n=3, device="cuda"):
+        assert {p.device.type for p in w.assistant_model.parameters()} == {"cuda"}
+        w.max_new_tokens = 6
+        rows = bench.bench_workload(w, batches=(2,), log=lambda line: None)
+        assert all(r.identical == 1.0 and r.tokens > 0 for r in rows), rows
+
+
 def test_a_rows_log_softmax_has_the_same_bits_at_every_place():
     """``rows.aligned_rows`` and ``rows.rowwise_logsumexp``: with Whisper's 51,865-token vocabulary a
     position's log-softmax, and the timestamp rule's logsumexp over the timestamp columns, have the same bits

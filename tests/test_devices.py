@@ -81,9 +81,38 @@ def test_the_environment_variable_is_read_when_no_option_is_given(no_cuda, monke
 
 
 def test_cpu_only_commands_refuse_cuda_but_take_auto(two_gpus, capsys):
-    assert main(["bench", "engine", "--device", "cuda"]) == 2
-    assert "runs on the CPU only so far" in capsys.readouterr().err
     assert main(["--device", "cuda", "bench", "scale"]) == 2
+    assert "runs on the CPU only so far" in capsys.readouterr().err
+    assert main(["bench", "scale", "--device", "cuda:1"]) == 2
+
+
+@pytest.mark.parametrize("argv", [["bench", "engine"], ["bench", "text", "--task", "translate"], ["bench", "asr"],
+                                  ["bench", "shapes"], ["transcribe", "x.wav"]])
+def test_the_benchmarks_take_the_gpu_like_every_model_command(two_gpus, argv):
+    """Every benchmark but bench scale resolves the device as the commands that load models do: auto is the
+    first GPU, cuda:N the one named; bench scale measures CPU threads and Ray actors, auto is the CPU there."""
+    from pipelines.cli import _resolve_device
+    from pipelines.cli.parser import build_parser
+
+    assert _resolve_device(build_parser().parse_args(argv)) == "cuda:0"
+    assert _resolve_device(build_parser().parse_args(argv + ["--device", "cuda:1"])) == "cuda:1"
+    assert _resolve_device(build_parser().parse_args(["bench", "scale"])) == "cpu"
+
+
+def test_bench_engine_runs_its_systems_on_the_device_it_is_given(monkeypatch):
+    """The random-weight workloads (models and inputs) on the device named (here the CPU; tests/test_cuda.py runs
+    them on CUDA), every system's output equal to transformers' plain greedy output."""
+    from pipelines.quality import bench
+
+    loaded = []
+    for w in bench.toy_workloads(n=3, device="cpu"):
+        assert {p.device.type for p in w.main_model.parameters()} == {"cpu"}
+        assert all(i["enc"] is None or i["enc"]["input_ids"].device.type == "cpu" for i in w.items)
+        w.max_new_tokens = 6
+        rows = bench.bench_workload(w, batches=(2,), log=loaded.append)
+        assert {r.system for r in rows} >= {"transformers plain", "tandem plain", "tandem assisted (adaptive)"}
+        assert all(r.identical == 1.0 and r.tokens > 0 for r in rows), rows
+    assert len(loaded) == 2 * 6
 
 
 def test_device_is_part_of_the_resume_signature():

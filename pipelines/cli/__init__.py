@@ -24,9 +24,10 @@ def _quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
 
 
-# Commands whose models may run on CUDA; the others run on the CPU ("auto" means the CPU for them).
+# Commands whose models may run on CUDA; the others run on the CPU ("auto" means the CPU for them): bench scale
+# measures the batch job's throughput by CPU threads and Ray actors on one machine.
 CUDA_COMMANDS = {"transcribe", "translate", "summarize", "eval", "regress", "demo", "ui", "distill", ("bench", "asr"),
-                 ("bench", "shapes")}
+                 ("bench", "shapes"), ("bench", "engine"), ("bench", "text")}
 
 
 def _resolve_device(args: argparse.Namespace) -> str:

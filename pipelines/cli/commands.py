@@ -201,7 +201,7 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     from ..quality.bench import bench_engine
 
     bench_engine(limit=args.limit, json_path=args.json, include_toys=not args.no_toys, end_to_end=args.end_to_end,
-                 dtype=args.dtype)
+                 dtype=args.dtype, device=args.device)
     return 0
 
 
@@ -247,7 +247,7 @@ def cmd_bench_shapes(args: argparse.Namespace) -> int:
 def cmd_bench_text(args: argparse.Namespace) -> int:
     from ..quality.bench_text import bench_text
 
-    bench_text(args.task, args.pair, args.limit, args.max_new_tokens, args.json)
+    bench_text(args.task, args.pair, args.limit, args.max_new_tokens, args.json, device=args.device)
     return 0
 
 

@@ -166,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", default="reports/bench-engine.json", help="where to write the figures (default: %(default)s)")
     b.add_argument("--no-toys", action="store_true", help="skip the random-weight BART and Llama pairs")
     b.add_argument("--end-to-end", action="store_true", help="time the encoder too (default: decode only, encoder output shared)")
-    b.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="Whisper pairs' dtype (default: float32)")
+    b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                   help="Whisper pairs' dtype (default: float32 on a CPU, bfloat16 on CUDA)")
     b.set_defaults(func=cmd_bench_engine)
     b = command(bench_sub, "asr", help="faster-whisper, transformers, Tandem plain/assisted in float32 and bfloat16, same files")
     b.add_argument("--pair", default="whisper-base", help="asr pair (default: %(default)s)")

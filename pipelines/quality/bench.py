@@ -66,13 +66,15 @@ def _strip(tokens: list[int], prompt: list[int], eos: int, is_causal: bool, is_w
 
 
 def _collate(encs: list[dict], pad: int) -> dict | None:
+    """One batch of encoder inputs (batch 1 each), padded on the right, on the inputs' device."""
     if not encs or encs[0] is None:
         return None
     if "input_features" in encs[0]:
         return {"input_features": torch.cat([e["input_features"] for e in encs])}
     width = max(e["input_ids"].shape[1] for e in encs)
-    ids = torch.full((len(encs), width), pad, dtype=torch.long)
-    mask = torch.zeros(len(encs), width, dtype=torch.long)
+    device = encs[0]["input_ids"].device
+    ids = torch.full((len(encs), width), pad, dtype=torch.long, device=device)
+    mask = torch.zeros(len(encs), width, dtype=torch.long, device=device)
     for b, e in enumerate(encs):
         n = e["input_ids"].shape[1]
         ids[b, :n], mask[b, :n] = e["input_ids"][0], 1
@@ -103,7 +105,7 @@ def _run_hf(w: Workload, assisted: bool) -> tuple[list[list[int]], float]:
         if assisted:
             kwargs["assistant_model"] = w.assistant_model
         if is_causal:
-            ids = torch.tensor([item["prompt"]])
+            ids = torch.tensor([item["prompt"]], device=model.device)
             out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
         elif w.end_to_end:
             out = model.generate(**item["enc"], **kwargs)
@@ -211,7 +213,10 @@ def _format_row(r: Row) -> str:
 # Workloads
 
 
-def whisper_workloads(limit: int, dtype: torch.dtype = torch.float32) -> list[Workload]:
+def whisper_workloads(limit: int, dtype: torch.dtype = torch.float32, device: str = "cpu") -> list[Workload]:
+    """Whisper base with two assistants made from its own decoder (its whole decoder: every draft right; its first
+    two layers: drafts mostly wrong) on ``limit`` speech-real (then speech-synth) clips, in ``dtype`` on
+    ``device``."""
     from transformers import WhisperFeatureExtractor, WhisperForCausalLM, WhisperForConditionalGeneration
 
     from ..audio import load_audio
@@ -227,23 +232,24 @@ def whisper_workloads(limit: int, dtype: torch.dtype = torch.float32) -> list[Wo
         pass
     items = items[:limit]
     base = embedded_path("whisper-base")
-    main = WhisperForConditionalGeneration.from_pretrained(base, dtype=dtype).eval()
+    main = WhisperForConditionalGeneration.from_pretrained(base, dtype=dtype).to(device).eval()
     fe = WhisperFeatureExtractor.from_pretrained(base)
     prompt = [50258, 50259, 50359, 50363]
     work = [{"enc": {"input_features": fe(load_audio(i["audio_path"]), sampling_rate=16000,
-                                          return_tensors="pt").input_features.to(dtype)}, "prompt": prompt}
+                                          return_tensors="pt").input_features.to(device, dtype)}, "prompt": prompt}
             for i in items]
     out = []
     for name, folder, what in (("whisper-base+own-decoder", "whisper-base-decoder", "every draft right: pure overhead"),
                                ("whisper-base+truncated-2l", "whisper-base-decoder-2l", "drafts mostly wrong")):
-        asst = WhisperForCausalLM.from_pretrained(embedded_path(folder), dtype=dtype).eval()
+        asst = WhisperForCausalLM.from_pretrained(embedded_path(folder), dtype=dtype).to(device).eval()
         out.append(Workload(name, main, asst, work, {"language": "en", "task": "transcribe"}, 440, True, 50257, 50257, what))
     return out
 
 
-def toy_workloads(n: int = 16) -> list[Workload]:
-    """Random-weight pairs (a 6-layer main, a 1-layer assistant of the same width): the engine's overhead and
-    batching on families without real weights here. Random assistants agree with the main model rarely."""
+def toy_workloads(n: int = 16, device: str = "cpu") -> list[Workload]:
+    """Random-weight pairs (a 6-layer main, a 1-layer assistant of the same width), float32 on ``device``: the
+    engine's overhead and batching on families without real weights here. Random assistants agree with the main
+    model rarely."""
     from transformers import BartConfig, BartForConditionalGeneration, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -259,10 +265,12 @@ def toy_workloads(n: int = 16) -> list[Workload]:
                                          intermediate_size=1024, max_position_embeddings=512, bos_token_id=0,
                                          eos_token_id=2, pad_token_id=1)).eval()
     for m in (main, asst, llm, small):
+        m.to(device)
         m.generation_config = GenerationConfig(eos_token_id=2, pad_token_id=1, decoder_start_token_id=2, bos_token_id=0)
     g = torch.Generator().manual_seed(1)
     seqs = [torch.randint(3, 8000, (int(torch.randint(8, 40, (1,), generator=g)),), generator=g) for _ in range(n)]
-    enc_items = [{"enc": {"input_ids": s[None], "attention_mask": torch.ones(1, len(s), dtype=torch.long)},
+    enc_items = [{"enc": {"input_ids": s[None].to(device),
+                          "attention_mask": torch.ones(1, len(s), dtype=torch.long, device=device)},
                   "prompt": [2]} for s in seqs]
     causal_items = [{"enc": None, "prompt": s.tolist()} for s in seqs]
     return [
@@ -292,19 +300,24 @@ def environment(device: str = "cpu") -> dict:
 
 
 def bench_engine(limit: int = 24, json_path: str | None = None, include_toys: bool = True, end_to_end: bool = False,
-                 dtype: str = "float32", log=print) -> dict:
+                 dtype: str | None = None, log=print, device: str = "cpu") -> dict:
+    """Every system on the Whisper workloads (and the random-weight ones) on ``device`` (``devices.resolve_device``'s
+    names), the Whisper pairs in ``dtype`` (None: float32 on a CPU, ``devices.resolve_dtype``'s half precision on
+    CUDA); prints the table, writes the report to ``json_path`` and returns it."""
+    from ..devices import resolve_dtype
     from ..models.loading import torch_dtype
 
-    log(f"environment: {environment()}")
-    log(f"dtype: {dtype} (Whisper pairs; the random pairs run in float32)")
+    dtype = resolve_dtype(device, dtype, "float32")
+    log(f"environment: {environment(device)}")
+    log(f"dtype: {dtype} (Whisper pairs; the random pairs run in float32), device {device}")
     log(f"timing: {'end to end (encoder included)' if end_to_end else 'decode only (encoder output computed once, shared by all systems)'}")
     log(HEADER)
     rows: list[Row] = []
-    workloads = whisper_workloads(limit, torch_dtype(dtype)) + (toy_workloads() if include_toys else [])
+    workloads = whisper_workloads(limit, torch_dtype(dtype), device) + (toy_workloads(device=device) if include_toys else [])
     for w in workloads:
         w.end_to_end = end_to_end
         rows += bench_workload(w, log=log)
-    report = {"environment": environment(), "inputs": limit, "end_to_end": end_to_end, "dtype": dtype,
+    report = {"environment": environment(device), "inputs": limit, "end_to_end": end_to_end, "dtype": dtype,
               "rows": [asdict(r) for r in rows]}
     return write_report(report, json_path, log)
 

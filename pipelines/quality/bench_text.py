@@ -83,8 +83,10 @@ def _run_engine(engine, gen, prompts: list[list[int]], max_new: int) -> tuple[li
 
 
 def bench_text(task: str, pair_name: str | None = None, limit: int = 4, max_new_tokens: int = 256,
-               json_path: str | None = None, models: str | None = None, log=print) -> list[TextBenchRow]:
-    """Run the systems on ``limit`` items of the task's set and print (and write) the table.
+               json_path: str | None = None, models: str | None = None, log=print,
+               device: str = "cpu") -> list[TextBenchRow]:
+    """Run the systems on ``limit`` items of the task's set, the pair loaded on ``device`` (in its dtype on a
+    CPU, half precision on CUDA: ``devices.resolve_dtype``), and print (and write) the table.
     Raises ``RegistryError`` / ``ModelUnavailableError`` when the pair cannot be had."""
     from ..models.registry import load_registry
     from ..text import TextRunner
@@ -92,11 +94,11 @@ def bench_text(task: str, pair_name: str | None = None, limit: int = 4, max_new_
 
     registry = load_registry(models)
     pair = registry.get(pair_name) if pair_name else registry.default(task)
-    runner = TextRunner(pair)
+    runner = TextRunner(pair, device=device)
     loaded, gen = runner.loaded, runner.model.generation_config
     eos = rules_from_generation_config(gen, 1, 1).eos
     prompts = bench_prompts(runner, task, limit)
-    log(f"bench text: {task}, pair {pair.name} ({loaded.dtype}), {len(prompts)} prompts, batch 1")
+    log(f"bench text: {task}, pair {pair.name} ({loaded.dtype} on {device}), {len(prompts)} prompts, batch 1")
     warm = min(prompts, key=len)
     systems = {"transformers generate": lambda ps: _run_generate(runner.model, ps, max_new_tokens) + (None,),
                "transformers assisted": lambda ps: _run_generate(runner.model, ps, max_new_tokens,
@@ -127,6 +129,6 @@ def bench_text(task: str, pair_name: str | None = None, limit: int = 4, max_new_
         per_call = f"{r.tokens_per_call:.2f}" if r.tokens_per_call is not None else "-"
         log(f"{r.system:<30}{r.seconds:>9.1f}{r.tokens:>8}{per_call:>9}{r.speedup:>8.2f}x"
             f"{r.identical_to_plain:>15.0%}{r.identical_to_generate:>18.0%}")
-    write_report({"environment": environment(), "pair": pair.name, "task": task, "prompts": len(prompts),
+    write_report({"environment": environment(device), "pair": pair.name, "task": task, "prompts": len(prompts),
                   "rows": [asdict(r) for r in rows]}, json_path, log)
     return rows
