@@ -49,6 +49,18 @@ class TextOptions:
     long_input: str = "chunk"  # summarization of over-long inputs: "chunk" (and join) or "truncate"
     policy: PolicyOptions = PolicyOptions()  # how many tokens the assistant drafts each round
 
+    def __post_init__(self) -> None:
+        """TextInputError for options no run can take, before any model loads."""
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise TextInputError(f"max_new_tokens must be at least 1, not {self.max_new_tokens}")
+        if self.batch_size < 1:
+            raise TextInputError(f"batch_size must be at least 1, not {self.batch_size}")
+        if self.long_input not in LONG_INPUTS:
+            raise TextInputError(f"long_input must be one of {', '.join(LONG_INPUTS)}, not {self.long_input!r}")
+
+
+LONG_INPUTS = ("chunk", "truncate")
+
 
 @dataclass(frozen=True)
 class TextResult:
@@ -141,7 +153,7 @@ class TextRunner:
         is called after each batch."""
         import torch
 
-        max_new = options.max_new_tokens or (self.gen.max_length if self.gen.max_length and self.gen.max_length != 20 else 256)
+        max_new = options.max_new_tokens if options.max_new_tokens is not None else (self.gen.max_length if self.gen.max_length and self.gen.max_length != 20 else 256)
         rules = rules_from_generation_config(self.gen, len(prompt) if prompt else max(map(len, sources)), max_new)
         engine = self.loaded.engine if options.use_assistant else self.loaded.plain
         pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0

@@ -129,3 +129,30 @@ def test_cli_long_file_empty_stdin_and_translate_stdin(models_file, tmp_path, mo
     code = main(["--models", str(models_file), "translate", "--pair", "marian-pair", "--compare", "--max-new-tokens", "8"])
     captured = capsys.readouterr()
     assert code == 0 and captured.out.strip() and "identical 1/1" in captured.err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--file", "{tmp}/missing.txt"], "--file {tmp}/missing.txt does not exist"),
+    (["--file", "{tmp}"], "--file {tmp} is a folder, not a text file"),
+    (["--file", "{tmp}/latin1.txt"], "--file {tmp}/latin1.txt is not UTF-8 text (at byte offset 3: invalid"),
+    (["Hello.", "--refs", "{tmp}/missing.txt"], "--refs {tmp}/missing.txt does not exist"),
+    (["Hello.", "--refs", "{tmp}/ref.txt", "--refs", "{tmp}/ref.txt"], "2 references for 1 inputs"),
+    (["Hello.", "--batch-size", "0"], "batch_size must be at least 1, not 0"),
+    (["Hello.", "--max-new-tokens", "0"], "max_new_tokens must be at least 1, not 0"),
+    (["Hello.", "--max-new-tokens", "-3"], "max_new_tokens must be at least 1, not -3"),
+])
+def test_unreadable_files_and_impossible_options_are_one_line_before_loading(models_file, tmp_path, monkeypatch,
+                                                                             capsys, extra, message):
+    """--file and --refs that cannot be read as text (missing, a folder, not UTF-8), references that do not match
+    the inputs, a batch of 0 and a token budget below 1: one line, exit 2, no model loaded (was a traceback, or for
+    --max-new-tokens 0 the model's own budget)."""
+    from pipelines import text
+    from pipelines.cli import main
+
+    (tmp_path / "latin1.txt").write_bytes("Caf\xe9 au lait".encode("latin-1"))
+    (tmp_path / "ref.txt").write_text("Bonjour.")
+    monkeypatch.setattr(text.TextRunner, "__init__", lambda *a, **k: pytest.fail("a model was loaded"))
+    argv = [a.format(tmp=tmp_path) for a in extra]
+    assert main(["--models", str(models_file), "translate", "--pair", "marian-pair", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tandem: " + message.format(tmp=tmp_path)) and err.count("\n") == 1, err

@@ -118,10 +118,30 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
                           lookahead=args.lookahead, safeguards=_safeguards(args), ray=ray, device=args.device)
 
 
+def _read_text_file(name: str, what: str) -> str:
+    """A UTF-8 text file's contents; TextInputError naming the file when it is missing, not a file, unreadable or
+    not UTF-8 text."""
+    from ..text import TextInputError
+
+    path = Path(name)
+    try:
+        if path.is_dir():
+            raise TextInputError(f"{what} {name} is a folder, not a text file")
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TextInputError(f"{what} {name} does not exist") from None
+    except UnicodeDecodeError as exc:
+        raise TextInputError(f"{what} {name} is not UTF-8 text (at byte offset {exc.start}: {exc.reason})") from None
+    except OSError as exc:
+        raise TextInputError(f"{what} {name} cannot be read: {exc.strerror or exc}") from None
+
+
 def _read_texts(args: argparse.Namespace) -> list[str]:
+    """The inputs: TEXT arguments ("-": standard input), then each --file; with neither, standard input when it is
+    not a terminal. TextInputError for a file that cannot be read as text."""
     texts = [sys.stdin.read() if t == "-" else t for t in args.text or []]  # "-": standard input
     for name in args.file or []:
-        texts.append(Path(name).read_text(encoding="utf-8"))
+        texts.append(_read_text_file(name, "--file"))
     if not texts and not sys.stdin.isatty():
         texts.append(sys.stdin.read())
     return texts
@@ -135,15 +155,17 @@ def cmd_text(args: argparse.Namespace) -> int:
     task = args.command
     registry = load_registry(args.models)
     pair = registry.get(args.pair) if args.pair else registry.default(task)
-    texts = _read_texts(args)
-    if not any(t.strip() for t in texts):  # checked before any model is loaded
-        print(f"tandem: the input is empty: nothing to {task} (give TEXT, --file or standard input)", file=sys.stderr)
-        return 2
-    options = TextOptions(src=getattr(args, "src", None), tgt=getattr(args, "tgt", None),
-                          max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                          use_assistant=not args.no_assistant, compare=args.compare,
-                          long_input=getattr(args, "long_input", "chunk"))
-    try:
+    try:  # inputs, references and options checked before any model is loaded
+        texts = _read_texts(args)
+        if not any(t.strip() for t in texts):
+            raise TextInputError(f"the input is empty: nothing to {task} (give TEXT, --file or standard input)")
+        refs = [_read_text_file(f, "--refs").strip() for f in args.refs or []]
+        options = TextOptions(src=getattr(args, "src", None), tgt=getattr(args, "tgt", None),
+                              max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                              use_assistant=not args.no_assistant, compare=args.compare,
+                              long_input=getattr(args, "long_input", "chunk"))
+        if refs and len(refs) != len(texts):
+            raise TextInputError(f"{len(refs)} references for {len(texts)} inputs (one --refs file per input)")
         results = run_text(pair, task, texts, options, device=args.device)
     except TextInputError as exc:
         print(f"tandem: {exc}", file=sys.stderr)
@@ -164,12 +186,8 @@ def cmd_text(args: argparse.Namespace) -> int:
     if compared:
         plain_s = sum(r.plain_seconds for r in compared)
         summary.append(f"vs plain {plain_s / max(seconds, 1e-9):.2f}x, identical {sum(bool(r.identical) for r in compared)}/{len(compared)}")
-    if args.refs:
-        refs = [Path(f).read_text(encoding="utf-8").strip() for f in args.refs]
+    if refs:
         hyps = [r.output for r in results]
-        if len(refs) != len(hyps):
-            print(f"tandem: {len(refs)} references for {len(hyps)} inputs", file=sys.stderr)
-            return 2
         if task == "translate":
             summary.append(f"BLEU {bleu(hyps, refs).value:.1f}, chrF {chrf(hyps, refs).value:.1f}")
         else:
