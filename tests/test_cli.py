@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import soundfile as sf
 
 from pipelines.cli import main
@@ -182,3 +183,26 @@ def test_bench_asr_goes_on_without_a_faster_whisper_that_cannot_run(monkeypatch,
     systems = [r["system"] for r in report["rows"]]
     assert not any(s.startswith("faster-whisper") for s in systems)
     assert {"transformers plain float32", "tandem plain float32", "tandem assisted float32"} <= set(systems)
+
+
+@pytest.mark.parametrize("argv", [
+    ["eval", "--task", "asr", "--pair", "p", "--set", "s", "--limit", "0"],
+    ["eval", "--task", "asr", "--pair", "p", "--set", "s", "--limit", "-1"],
+    ["eval", "--task", "asr", "--pair", "p", "--set", "s", "--repeats", "0"],
+    ["--threads", "0", "models"],
+    ["bench", "asr", "--batch-size", "0"],
+    ["bench", "text", "--max-new-tokens", "-2"],
+    ["bench", "shapes", "--tokens", "0"],
+    ["distill", "--main", "whisper-base", "--out", "x", "--layers", "0"],
+    ["distill", "--main", "whisper-base", "--out", "x", "--clips", "0"],
+    ["distill", "--main", "whisper-base", "--out", "x", "--lr", "-1"],
+    ["distill", "--main", "whisper-base", "--out", "x", "--budget-minutes", "nan"],
+    ["ui", "--port", "70000"],
+])
+def test_counts_below_one_are_refused_by_the_parser(argv, capsys):
+    """A count of 0 or below (eval --limit 0 used to mean every item, --limit -1 all but the last; distill --layers 0
+    started labelling) is an argument error: exit 2 naming the option, nothing run."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert "error: argument --" in capsys.readouterr().err

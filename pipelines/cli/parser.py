@@ -24,6 +24,39 @@ from .commands import (
 )
 
 
+def _count(text: str) -> int:
+    """A count from the command line (items, repeats, rows, tokens, threads, a batch): a whole number from 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 1, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 1, not {value}")
+    return value
+
+
+def _positive(text: str) -> float:
+    """A positive number from the command line (epochs, a learning rate, minutes)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number above 0, not {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    """A TCP port: a whole number from 1 to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 1 to 65535, not {text!r}")
+    return value
+
+
 def _threshold(text: str) -> float | None:
     """A threshold from the command line: a number, or 'off' (None: the check is off)."""
     if text.lower() in ("off", "none"):
@@ -61,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tandem {__version__}")
     parser.add_argument("--models", metavar="FILE", help="pair registry to use (default: the project's models.yaml, or $TANDEM_MODELS)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=_count, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--device", metavar="DEVICE", default=None, help=DEVICE_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -90,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--refs", metavar="MANIFEST", help="a manifest.jsonl with reference texts: prints WER")
     p.add_argument("--out", metavar="DIR", help="write outputs here (mirroring the input folders), resumable")
     p.add_argument("--formats", default="txt", help="comma-separated: txt,json,srt,vtt,tsv (default: txt)")
-    p.add_argument("--batch-size", type=int, default=4,
+    p.add_argument("--batch-size", type=_count, default=4,
                    help="windows decoded together: of different files, or with --long-form chunked also chunks of one file (default: 4)")
     p.add_argument("--long-form", choices=["sequential", "chunked"], default="sequential",
                    help="files over 30 s: window after window as Whisper seeks (default), or cut at pauses into "
@@ -118,12 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decode on a Ray actor pool (needs pip install -e '.[scale]'): auto (the cluster this machine "
                         "belongs to or $RAY_ADDRESS, else a local one; the default when --ray has no value), local (a "
                         "new local one), or a cluster's ADDRESS (host:6379 or ray://host:10001)")
-    p.add_argument("--actors", type=int, default=None, metavar="N",
+    p.add_argument("--actors", type=_count, default=None, metavar="N",
                    help="with --ray: decoding actors, each loading the pair once (default: one per GPU, else one "
                         "per --threads-per-actor CPUs of the cluster)")
-    p.add_argument("--threads-per-actor", type=int, default=1, metavar="N",
+    p.add_argument("--threads-per-actor", type=_count, default=1, metavar="N",
                    help="with --ray: torch threads (and CPUs reserved) per actor (default: 1)")
-    p.add_argument("--files-per-task", type=int, default=None, metavar="N",
+    p.add_argument("--files-per-task", type=_count, default=None, metavar="N",
                    help="with --ray: files handed to an actor at a time, the most a dying actor costs "
                         "(default: --batch-size)")
     p.set_defaults(func=cmd_transcribe)
@@ -140,8 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             p.add_argument("--long-input", choices=["chunk", "truncate"], default="chunk",
                            help="text longer than the model's input: summarise in chunks (default) or truncate")
-        p.add_argument("--max-new-tokens", type=int, help="per sentence/chunk (default: the model's)")
-        p.add_argument("--batch-size", type=int, default=8, help="inputs decoded together (default: %(default)s)")
+        p.add_argument("--max-new-tokens", type=_count, help="per sentence/chunk (default: the model's)")
+        p.add_argument("--batch-size", type=_count, default=8, help="inputs decoded together (default: %(default)s)")
         p.add_argument("--no-assistant", action="store_true", help="plain decoding with the main model")
         p.add_argument("--compare", action="store_true", help="also decode plainly: speedup and identical outputs")
         p.add_argument("--refs", action="append", metavar="FILE", help="reference text per input: BLEU/chrF or ROUGE")
@@ -151,8 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", required=True, choices=["asr", "translate", "summarize"], help="the task evaluated")
     p.add_argument("--pair", required=True, help="pair from the registry")
     p.add_argument("--set", required=True, help="evaluation set (tandem data build SET)")
-    p.add_argument("--limit", type=int, help="first N items only")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved timed runs per mode (default: 3)")
+    p.add_argument("--limit", type=_count, help="first N items only")
+    p.add_argument("--repeats", type=_count, default=3, help="interleaved timed runs per mode (default: 3)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="compute dtype (default: the pair's)")
     p.add_argument("--json", metavar="FILE", help="write the report (schema tandem-eval/1) here")
     p.add_argument("--lookahead", default="adaptive", metavar="POLICY[:N]",
@@ -162,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(sub, "bench", help="side-by-side speed benchmarks (tables + JSON)")
     bench_sub = p.add_subparsers(dest="bench_command", required=True)
     b = command(bench_sub, "engine", help="transformers plain/assisted vs Tandem plain/assisted/batched, same inputs")
-    b.add_argument("--limit", type=int, default=24, help="speech inputs (speech-real, then speech-synth) (default: 24)")
+    b.add_argument("--limit", type=_count, default=24, help="speech inputs (speech-real, then speech-synth) (default: 24)")
     b.add_argument("--json", default="reports/bench-engine.json", help="where to write the figures (default: %(default)s)")
     b.add_argument("--no-toys", action="store_true", help="skip the random-weight BART and Llama pairs")
     b.add_argument("--end-to-end", action="store_true", help="time the encoder too (default: decode only, encoder output shared)")
@@ -172,9 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     b = command(bench_sub, "asr", help="faster-whisper, transformers, Tandem plain/assisted in float32 and bfloat16, same files")
     b.add_argument("--pair", default="whisper-base", help="asr pair (default: %(default)s)")
     b.add_argument("--sets", default="speech-real,speech-synth,speech-long", help="comma-separated sets (default: %(default)s)")
-    b.add_argument("--limit", type=int, default=60, help="files per set at most (default: %(default)s)")
-    b.add_argument("--batch-size", type=int, default=8, help="Tandem's files per batch (default: %(default)s)")
-    b.add_argument("--chunk-batch", type=int, default=8,
+    b.add_argument("--limit", type=_count, default=60, help="files per set at most (default: %(default)s)")
+    b.add_argument("--batch-size", type=_count, default=8, help="Tandem's files per batch (default: %(default)s)")
+    b.add_argument("--chunk-batch", type=_count, default=8,
                    help="sets with files over 30 s: chunks per batch of the chunked long-form rows, Tandem's and "
                         "faster-whisper's batched pipeline (default: %(default)s)")
     b.add_argument("--json", default="reports/bench-asr.json", help="where to write the figures (default: %(default)s)")
@@ -185,14 +218,14 @@ def build_parser() -> argparse.ArgumentParser:
                 "weights, an oracle drafter of fixed acceptance), against transformers generate and Tandem plain")
     b.add_argument("--shape", choices=["whisper-base", "whisper-large-v3"], default="whisper-base",
                    help="decoder shape: layers, d_model, heads, vocabulary (default: %(default)s)")
-    b.add_argument("--tokens", type=int, default=64, help="new tokens per row (default: %(default)s)")
-    b.add_argument("--rows", type=int, default=1, help="rows decoded together (default: %(default)s)")
+    b.add_argument("--tokens", type=_count, default=64, help="new tokens per row (default: %(default)s)")
+    b.add_argument("--rows", type=_count, default=1, help="rows decoded together (default: %(default)s)")
     b.add_argument("--acceptance", default="0.6,0.8,0.9", help="the oracle's per-token acceptance, comma-separated (default: %(default)s)")
     b.add_argument("--lookahead", default="3", help="drafts per round, constant; comma-separated: one assisted row "
                    "per lookahead and acceptance; --step-costs: the verify pass's drafts, the first (default: %(default)s)")
     b.add_argument("--width", type=int, help="the main decoder's pass width, plain and assisted alike (default: the "
                    "device's: 8 on CUDA, by CPU and dtype on a CPU)")
-    b.add_argument("--assistant-layers", type=int, default=2, help="decoder layers of the assistant (default: %(default)s)")
+    b.add_argument("--assistant-layers", type=_count, default=2, help="decoder layers of the assistant (default: %(default)s)")
     b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="(default: float32 on a CPU, bfloat16 on CUDA)")
     b.add_argument("--step-costs", action="store_true", help="instead: the wall time of one main step, one verify "
@@ -203,42 +236,42 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--task", choices=["summarize", "translate"], default="summarize",
                    help="the text task benchmarked (default: %(default)s)")
     b.add_argument("--pair", help="text pair from the registry (default: the task's default, the embedded Qwen pair)")
-    b.add_argument("--limit", type=int, default=4, help="items of summarize-own / translate-udhr (default: %(default)s)")
-    b.add_argument("--max-new-tokens", type=int, default=256, help="per prompt (default: %(default)s)")
+    b.add_argument("--limit", type=_count, default=4, help="items of summarize-own / translate-udhr (default: %(default)s)")
+    b.add_argument("--max-new-tokens", type=_count, default=256, help="per prompt (default: %(default)s)")
     b.add_argument("--json", default="reports/bench-text.json", help="where to write the figures (default: %(default)s)")
     b.set_defaults(func=cmd_bench_text)
     b = command(bench_sub, "scale", help="the batch job in-process (1 thread, every core) vs on a local Ray actor pool: "
                                           "files per minute, Ray's start-up (needs the 'scale' extra)")
     b.add_argument("--pair", help="asr pair (default: the registry's asr default)")
     b.add_argument("--set", default="speech-real", help="evaluation set (default: %(default)s)")
-    b.add_argument("--limit", type=int, default=12, help="files at most (default: %(default)s)")
-    b.add_argument("--batch-size", type=int, default=4, help="windows decoded together (default: %(default)s)")
+    b.add_argument("--limit", type=_count, default=12, help="files at most (default: %(default)s)")
+    b.add_argument("--batch-size", type=_count, default=4, help="windows decoded together (default: %(default)s)")
     b.add_argument("--actors", default="1,2", help="comma-separated actor counts, one Ray row each (default: %(default)s)")
-    b.add_argument("--threads-per-actor", type=int, default=1, help="torch threads per actor (default: %(default)s)")
+    b.add_argument("--threads-per-actor", type=_count, default=1, help="torch threads per actor (default: %(default)s)")
     b.add_argument("--json", default="reports/bench-scale.json", help="where to write the figures (default: %(default)s)")
     b.set_defaults(func=cmd_bench_scale)
 
     p = command(sub, "distill", help="make a small assistant for a main model: corpus, labels from the main model, training, export")
     p.add_argument("--main", required=True, metavar="PAIR_OR_MODEL", help="a pair (its main model), an embedded name, a folder or a hub id")
-    p.add_argument("--layers", type=int, default=2, help="decoder layers of the assistant (default: %(default)s)")
+    p.add_argument("--layers", type=_count, default=2, help="decoder layers of the assistant (default: %(default)s)")
     p.add_argument("--init", choices=("spread", "first"), default="spread", help="the main decoder's layers the assistant "
                    "starts from: spread (first, last and between; the default) or first (the main model's early exit)")
     p.add_argument("--drafter", choices=("student", "medusa"), default="student", help="the drafter's design: a "
                    "shallow student decoder (the default), or medusa: heads on the main decoder's hidden state (Whisper, "
                    "with --curve: measured, not exported)")
-    p.add_argument("--heads", type=int, default=5, help="--drafter medusa: draft heads (default: %(default)s)")
+    p.add_argument("--heads", type=_count, default=5, help="--drafter medusa: draft heads (default: %(default)s)")
     p.add_argument("--data", nargs="+", metavar="SET", help="corpus: debian-speech (Whisper; the default) or text files of one input a line (text models)")
     p.add_argument("--out", required=True, metavar="DIR", help="working folder: shards, checkpoints, and the exported assistant in DIR/assistant")
-    p.add_argument("--clips", type=int, default=4000, help="training items (default 4000); items the corpus does not hold yet are labelled and added to it")
+    p.add_argument("--clips", type=_count, default=4000, help="training items (default 4000); items the corpus does not hold yet are labelled and added to it")
     p.add_argument("--heldout", type=int, default=96,
                    help="held-out items (shard 0; Whisper, without --curve: as many held-out fortunes too) for the agreement estimate")
-    p.add_argument("--epochs", type=float, default=3.0,
+    p.add_argument("--epochs", type=_positive, default=3.0,
                    help="passes over the training items (default: %(default)s; --steps instead counts optimizer steps)")
-    p.add_argument("--batch-size", type=int, default=16, help="clips per optimizer step (default: %(default)s)")
-    p.add_argument("--lr", type=float, default=3e-4,
+    p.add_argument("--batch-size", type=_count, default=16, help="clips per optimizer step (default: %(default)s)")
+    p.add_argument("--lr", type=_positive, default=3e-4,
                    help="AdamW's peak learning rate, after a warm-up and before cosine decay (default: %(default)s)")
     p.add_argument("--draft-vocab", type=int, default=16384, help="tokens kept by the draft head (plus special tokens); 0 keeps all")
-    p.add_argument("--budget-minutes", type=float, default=None, help="stop cleanly after this long (exit 3); --resume goes on")
+    p.add_argument("--budget-minutes", type=_positive, default=None, help="stop cleanly after this long (exit 3); --resume goes on")
     p.add_argument("--resume", action="store_true", help="go on from what DIR holds")
     p.add_argument("--corpus", metavar="DIR", help="Whisper: the labelled corpus kept in the repository, read and grown "
                    "(default: data/distill/<main model>)")
@@ -264,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_regress)
 
     p = command(sub, "ui", help="serve the Streamlit app (Translate, Summarize, Transcribe) on 127.0.0.1")
-    p.add_argument("--port", type=int, default=8501, help="the Streamlit server's port (default: %(default)s)")
+    p.add_argument("--port", type=_port, default=8501, help="the Streamlit server's port (default: %(default)s)")
     p.set_defaults(func=cmd_ui)
 
     p = command(sub, "demo", help="the main job on sample audio: build speech-real and transcribe it with the default "
