@@ -113,12 +113,30 @@ def _stream_av(path: Path, block_seconds: float) -> Iterator[np.ndarray]:
             raise AudioDecodeError(path, "zero-length audio (no samples decoded)")
 
 
-def stream_audio(path: str | Path, block_seconds: float = 30.0) -> Iterator[np.ndarray]:
-    """Yield consecutive 16 kHz mono float32 blocks of about ``block_seconds`` each."""
-    import soundfile as sf
+MAX_AMPLITUDE = 1e6  # a float sample beyond this is refused (stream_audio)
 
+
+def stream_audio(path: str | Path, block_seconds: float = 30.0) -> Iterator[np.ndarray]:
+    """Yield consecutive 16 kHz mono float32 blocks of about ``block_seconds`` each. AudioDecodeError for a file
+    that cannot be decoded, holds no samples, or holds samples that are not numbers (NaN or infinite: a float WAV
+    can store them, and they would poison every log-mel frame of their window)."""
     path = Path(path)
     _check_file(path)
+    for block in _decoded_blocks(path, block_seconds):
+        if not np.isfinite(block).all():
+            raise AudioDecodeError(path, "the audio holds samples that are not numbers (NaN or infinite)")
+        # full scale is 1; far beyond it a window's power spectrum overflows float32 (a 400-sample frame sums to
+        # 400 |x|, squared: above 3.4e38 from |x| ~ 4.6e16), and its log-mel frames are no longer numbers
+        if len(block) and float(np.abs(block).max()) > MAX_AMPLITUDE:
+            raise AudioDecodeError(path, f"the audio holds samples beyond +-{MAX_AMPLITUDE:g} (full scale is 1): "
+                                         "not audio as stored, or a wrong sample format")
+        yield block
+
+
+def _decoded_blocks(path: Path, block_seconds: float) -> Iterator[np.ndarray]:
+    """The file's 16 kHz mono float32 blocks, through libsndfile where it reads the file, else PyAV (ffmpeg)."""
+    import soundfile as sf
+
     try:
         with open(path, "rb") as fh, sf.SoundFile(fh):
             pass

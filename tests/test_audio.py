@@ -85,6 +85,11 @@ def _bad_inputs(tmp_path):
     corrupt.write_bytes(np.random.default_rng(0).bytes(4000))
     zero = tmp_path / "zero.wav"
     sf.write(zero, np.zeros(0, dtype=np.float32), 16000)
+    nan, inf, huge = tmp_path / "nan.wav", tmp_path / "inf.wav", tmp_path / "huge.wav"
+    for path, value in ((nan, np.nan), (inf, -np.inf), (huge, 1e30)):  # a float WAV with some samples that are not numbers
+        samples = np.sin(np.arange(24000, dtype=np.float32) / 9) * 0.3
+        samples[20000:20100] = value
+        sf.write(path, samples, 22050, subtype="FLOAT")  # resampled: the value spreads to its neighbours
     return {
         "missing": (tmp_path / "nope.wav", "no such file"),
         "folder": (tmp_path, "not a regular file"),
@@ -92,10 +97,14 @@ def _bad_inputs(tmp_path):
         "text named .wav": (text, "not an audio file"),
         "random bytes": (corrupt, "not an audio file|corrupt|no audio"),
         "zero-length": (zero, "zero-length"),
+        "NaN samples": (nan, "not numbers"),
+        "infinite samples": (inf, "not numbers"),
+        "huge samples": (huge, r"beyond \+-1e\+06 \(full scale is 1\)"),
     }
 
 
-@pytest.mark.parametrize("case", ["missing", "folder", "empty", "text named .wav", "random bytes", "zero-length"])
+@pytest.mark.parametrize("case", ["missing", "folder", "empty", "text named .wav", "random bytes", "zero-length",
+                                  "NaN samples", "infinite samples", "huge samples"])
 def test_bad_inputs_raise_one_typed_error(tmp_path, case):
     path, message = _bad_inputs(tmp_path)[case]
     with pytest.raises(AudioDecodeError, match=message) as info:
