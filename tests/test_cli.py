@@ -206,3 +206,27 @@ def test_counts_below_one_are_refused_by_the_parser(argv, capsys):
         main(argv)
     assert exit_.value.code == 2
     assert "error: argument --" in capsys.readouterr().err
+
+
+def test_transcribe_reads_its_references_before_any_model_loads(tmp_path, speech_real, monkeypatch, capsys):
+    """--refs that is missing, not JSON lines, or lacks 'reference' is one line and exit 2 before anything is
+    transcribed (it was read after the whole run: a traceback for bad JSON); a manifest file named without a
+    suffix, or a folder holding manifest.jsonl, is read as such (it was taken for a set's name)."""
+    from pipelines.asr import batch
+
+    clip = speech_real[0]["audio_path"]
+    (tmp_path / "bad.jsonl").write_text("{bad json\n")
+    (tmp_path / "noref.jsonl").write_text('{"id": "x", "text": "hello"}\n')
+    monkeypatch.setattr(batch, "plan_batch", lambda *a, **k: pytest.fail("the run was planned"))
+    for refs, message in ((tmp_path / "missing.jsonl", "no such manifest file or set"),
+                          (tmp_path / "bad.jsonl", "not a manifest of JSON lines"),
+                          (tmp_path / "noref.jsonl", "item 1 is not an object with 'id' and 'reference'")):
+        assert main(["transcribe", clip, "--refs", str(refs)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"tandem: --refs {refs}: {message}") and err.count("\n") == 1, err
+    plain = tmp_path / "refs"  # a file without a suffix, and a folder holding manifest.jsonl
+    plain.write_text('{"id": "x1", "audio": "sub/a.wav", "reference": "Hello."}\n')
+    assert batch.load_refs(str(plain)) == {"x1": "Hello.", "a": "Hello."}
+    (tmp_path / "set").mkdir()
+    (tmp_path / "set" / "manifest.jsonl").write_text(plain.read_text())
+    assert batch.load_refs(str(tmp_path / "set"))["a"] == "Hello."

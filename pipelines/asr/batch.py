@@ -150,15 +150,36 @@ def _source(job: BatchJob, ray: RayOptions | None) -> Iterable[Transcript] | Non
 # the command
 
 
-def _load_refs(manifest: str | None) -> dict[str, str]:
-    """Reference texts keyed by audio file stem (and by item id)."""
+def load_refs(manifest: str | None) -> dict[str, str]:
+    """Reference texts keyed by audio file stem (and by item id), from ``manifest``: a manifest.jsonl file (one
+    JSON object a line with ``id``, ``reference`` and optionally ``audio``), a folder holding one, or a built set's
+    name. BatchError naming the manifest when it is missing, not JSON lines or lacks those keys; read before
+    anything loads, so a bad --refs costs no transcription."""
     if not manifest:
         return {}
-    from ..quality.sets import read_manifest
+    import json
 
+    from ..quality.sets import DataBuildError, read_manifest
+
+    path = Path(manifest)
+    path = path / "manifest.jsonl" if path.is_dir() else path
+    try:
+        if path.is_file():  # any name: a set's name is only tried when no such file is there
+            with open(path, encoding="utf-8") as f:
+                items = [json.loads(line) for line in f if line.strip()]
+        else:
+            items = read_manifest(manifest)
+    except DataBuildError as exc:
+        raise BatchError(f"--refs {manifest}: no such manifest file or set ({exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BatchError(f"--refs {manifest}: not a manifest of JSON lines ({exc})") from None
+    except OSError as exc:
+        raise BatchError(f"--refs {manifest}: cannot be read ({exc.strerror or exc})") from None
     refs = {}
-    for item in read_manifest(Path(manifest)):
-        refs[item["id"]] = item["reference"]
+    for n, item in enumerate(items, 1):
+        if not isinstance(item, dict) or not isinstance(item.get("reference"), str) or "id" not in item:
+            raise BatchError(f"--refs {manifest}: item {n} is not an object with 'id' and 'reference' (text)")
+        refs[str(item["id"])] = item["reference"]
         if "audio" in item:
             refs[Path(item["audio"]).stem] = item["reference"]
     return refs
@@ -260,18 +281,19 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
 
             require_ray()  # a missing extra is known before the output folder is taken
         require_vad(options.vad_filter)  # likewise
+        refs = load_refs(refs_manifest)
         job = plan_batch(paths, pair, options, out, formats)
     except (ValueError, BatchError, ImportError) as e:
         print(f"tandem: {e}", file=sys.stderr)
         return 2
     try:
-        return _report(job, ray, quiet, refs_manifest, out)
+        return _report(job, ray, quiet, refs, out)
     except ConnectionError as e:  # ray.init: no cluster answers at the address given
         print(f"tandem: cannot join the Ray cluster at {ray.address if ray else '?'}: {e}", file=sys.stderr)
         return 2
 
 
-def _report(job: BatchJob, ray: RayOptions | None, quiet: bool, refs_manifest: str | None, out: str | None) -> int:
+def _report(job: BatchJob, ray: RayOptions | None, quiet: bool, refs: dict[str, str], out: str | None) -> int:
     """Run the planned job with a progress bar and one line per file, then print the summary; the exit status."""
     from tqdm import tqdm
 
@@ -285,7 +307,7 @@ def _report(job: BatchJob, ray: RayOptions | None, quiet: bool, refs_manifest: s
         run = run_batch(job, _source(job, ray), _progress(bar, time.perf_counter()))
     finally:
         bar.close()
-    for line in summary_lines(run, job, _load_refs(refs_manifest), out):
+    for line in summary_lines(run, job, refs, out):
         print(line)
     if run.interrupted:
         return 130
