@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from .engine import DecodeOptions, PolicyOptions, rules_from_generation_config
 from .languages import language_name
 from .models.pairs import LoadedPair, load_pair
-from .models.registry import Pair
+from .models.registry import Pair, a_task
 
 _SENTENCE = re.compile(r"(?<=[.!?。！？])\s+")
 MAX_INPUT_CHARS = 200_000  # a larger input is refused with a clear message
@@ -93,7 +93,7 @@ class TextRunner:
         ``devices.resolve_dtype``'s), or run an already ``loaded`` one (e.g. with another engine:
         ``pairs.engine_for``). Raises TextInputError for a pair of another task."""
         if pair.task not in ("translate", "summarize"):
-            raise TextInputError(f"pair {pair.name!r} is a {pair.task} pair")
+            raise TextInputError(f"pair {pair.name!r} is {a_task(pair.task)} pair")
         self.pair = pair
         self.loaded = loaded or load_pair(pair, dtype, device)
         self.tok = self.loaded.tokenizer
@@ -106,16 +106,7 @@ class TextRunner:
 
     # -- preprocess
     def _language(self, code: str | None, which: str) -> str | None:
-        """``code`` checked against the pair's languages (None for a one-direction pair)."""
-        if not self.pair.languages:
-            if code:
-                raise TextInputError(f"pair {self.pair.name!r} translates one direction only; drop --{which}")
-            return None
-        if not code:
-            raise TextInputError(f"pair {self.pair.name!r} needs --{which} (one of {', '.join(self.pair.languages)})")
-        if code not in self.pair.languages:
-            raise TextInputError(f"--{which} {code!r} is not one of the pair's languages: {', '.join(self.pair.languages)}")
-        return code
+        return check_language(self.pair, code, which)
 
     def _lang_id(self, code: str | None, which: str) -> int | None:
         code = self._language(code, which)
@@ -286,12 +277,43 @@ class TextRunner:
         return [list(wrap(c)) if wrap else c + [self.tok.eos_token_id] for c in chunks]
 
 
+def check_language(pair: Pair, code: str | None, which: str) -> str | None:
+    """``code`` (--src or --tgt: ``which``) checked against the pair's languages (None for a one-direction pair);
+    TextInputError saying which languages the pair has."""
+    if not pair.languages:
+        if code:
+            raise TextInputError(f"pair {pair.name!r} translates one direction only; drop --{which}")
+        return None
+    if not code:
+        raise TextInputError(f"pair {pair.name!r} needs --{which} (one of {', '.join(pair.languages)})")
+    if code not in pair.languages:
+        raise TextInputError(f"--{which} {code!r} is not one of the pair's languages: {', '.join(pair.languages)}")
+    return code
+
+
+def check_request(pair: Pair, task: str, texts: list[str], options: TextOptions) -> None:
+    """What can be known before the pair loads: its task, every input (not empty, within MAX_INPUT_CHARS; with
+    several inputs the message names which) and, for translation, the languages. TextInputError otherwise."""
+    if pair.task != task:
+        raise TextInputError(f"pair {pair.name!r} is {a_task(pair.task)} pair, not {a_task(task)} pair")
+    if not texts:
+        raise TextInputError(f"the input is empty: nothing to {task}")
+    for n, text in enumerate(texts, 1):
+        try:
+            TextRunner._check(text)
+        except TextInputError as exc:
+            raise TextInputError(f"input {n} of {len(texts)}: {exc}" if len(texts) > 1 else str(exc)) from None
+    if task == "translate":
+        check_language(pair, options.src, "src")
+        check_language(pair, options.tgt, "tgt")
+
+
 def run_text(pair: Pair, task: str, texts: list[str], options: TextOptions = TextOptions(),
              runner: TextRunner | None = None, device: str = "cpu") -> list[TextResult]:
     """The Python API behind ``tandem translate`` and ``tandem summarize``: one result per text, the pair
-    loaded on ``device`` unless a ``runner`` is given. Raises TextInputError for input it cannot take."""
+    loaded on ``device`` unless a ``runner`` is given. Raises TextInputError for input it cannot take, before
+    loading where it can be known (``check_request``)."""
+    check_request(pair, task, texts, options)
     runner = runner or TextRunner(pair, device=device)
-    if pair.task != task:
-        raise TextInputError(f"pair {pair.name!r} is a {pair.task} pair, not a {task} pair")
     fn = runner.translate if task == "translate" else runner.summarize
     return [fn(t, options) for t in texts]

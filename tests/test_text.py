@@ -137,15 +137,12 @@ def test_cli_long_file_empty_stdin_and_translate_stdin(models_file, tmp_path, mo
     (["--file", "{tmp}/latin1.txt"], "--file {tmp}/latin1.txt is not UTF-8 text (at byte offset 3: invalid"),
     (["Hello.", "--refs", "{tmp}/missing.txt"], "--refs {tmp}/missing.txt does not exist"),
     (["Hello.", "--refs", "{tmp}/ref.txt", "--refs", "{tmp}/ref.txt"], "2 references for 1 inputs"),
-    (["Hello.", "--batch-size", "0"], "batch_size must be at least 1, not 0"),
-    (["Hello.", "--max-new-tokens", "0"], "max_new_tokens must be at least 1, not 0"),
-    (["Hello.", "--max-new-tokens", "-3"], "max_new_tokens must be at least 1, not -3"),
 ])
 def test_unreadable_files_and_impossible_options_are_one_line_before_loading(models_file, tmp_path, monkeypatch,
                                                                              capsys, extra, message):
-    """--file and --refs that cannot be read as text (missing, a folder, not UTF-8), references that do not match
-    the inputs, a batch of 0 and a token budget below 1: one line, exit 2, no model loaded (was a traceback, or for
-    --max-new-tokens 0 the model's own budget)."""
+    """--file and --refs that cannot be read as text (missing, a folder, not UTF-8) and references that do not match
+    the inputs: one line, exit 2, no model loaded (was a traceback). (--batch-size and --max-new-tokens below 1 are
+    argument errors, tests/test_cli.py; TextOptions refuses them in the Python API, below.)"""
     from pipelines import text
     from pipelines.cli import main
 
@@ -156,3 +153,45 @@ def test_unreadable_files_and_impossible_options_are_one_line_before_loading(mod
     assert main(["--models", str(models_file), "translate", "--pair", "marian-pair", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tandem: " + message.format(tmp=tmp_path)) and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["translate", "--pair", "m2m_100-pair", "--src", "eng_Latn", "--tgt", "fra_Latn", "Good night.", "  "],
+     "input 2 of 2: the input is empty"),
+    (["translate", "--pair", "m2m_100-pair", "--src", "xx", "--tgt", "fra_Latn", "Hello."],
+     "--src 'xx' is not one of the pair's languages"),
+    (["translate", "--pair", "m2m_100-pair", "--tgt", "fra_Latn", "Hello."], "pair 'm2m_100-pair' needs --src"),
+    (["summarize", "--pair", "m2m_100-pair", "Hello there."], "pair 'm2m_100-pair' is a translate pair, not a summarize pair"),
+])
+def test_inputs_languages_and_the_pairs_task_are_checked_before_loading(models_file, monkeypatch, capsys, argv, message):
+    """Every input (not only the first), the languages and the pair's task are known from the registry and the
+    arguments: one line, exit 2, no model loaded (an empty second input used to be found after the first was
+    translated, its work thrown away)."""
+    from pipelines import text
+    from pipelines.cli import main
+
+    monkeypatch.setattr(text.TextRunner, "__init__", lambda *a, **k: pytest.fail("a model was loaded"))
+    assert main(["--models", str(models_file), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tandem: " + message) and err.count("\n") == 1, err
+
+
+def test_eval_refuses_a_set_or_pair_of_another_task_before_loading(models_file, capsys):
+    from pipelines.cli import main
+
+    assert main(["--models", str(models_file), "eval", "--task", "translate", "--pair", "m2m_100-pair",
+                 "--set", "speech-real"]) == 2
+    assert capsys.readouterr().err == "tandem: set 'speech-real' is not a translate set (--task translate)\n"
+    assert main(["--models", str(models_file), "eval", "--task", "asr", "--pair", "m2m_100-pair", "--set", "speech-real"]) == 2
+    assert capsys.readouterr().err == "tandem: pair 'm2m_100-pair' is a translate pair, not an asr pair\n"
+
+
+def test_text_options_refuse_a_batch_or_a_token_budget_below_one():
+    """--max-new-tokens 0 used to mean the model's own budget, a negative one an empty output, --batch-size 0 a
+    traceback after loading."""
+    for kwargs, message in ((dict(batch_size=0), "batch_size must be at least 1, not 0"),
+                            (dict(max_new_tokens=0), "max_new_tokens must be at least 1, not 0"),
+                            (dict(max_new_tokens=-3), "max_new_tokens must be at least 1, not -3"),
+                            (dict(long_input="drop"), "long_input must be one of chunk, truncate")):
+        with pytest.raises(TextInputError, match=message):
+            TextOptions(**kwargs)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..devices import resolve_dtype
-from ..models.registry import Pair
+from ..models.registry import Pair, a_task
 from .batching import transcribe
 from .inputs import display, find_inputs
 from .options import TranscribeOptions, Transcript
@@ -76,7 +76,7 @@ def plan_batch(paths: Iterable[str | os.PathLike], pair: Pair, options: Transcri
     Raises BatchError before any model loads; the returned job holds the output folder's lock."""
     paths = [os.fspath(p) for p in paths]
     if pair.task != "asr":
-        raise BatchError(f"pair {pair.name!r} is a {pair.task} pair, not an asr pair")
+        raise BatchError(f"pair {pair.name!r} is {a_task(pair.task)} pair, not an asr pair")
     missing = [p for p in paths if not any(ch in p for ch in "*?[") and not os.path.lexists(p)]
     if missing:
         raise BatchError(f"no such file or folder: {display(missing[0])}")

@@ -199,15 +199,19 @@ def cmd_text(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from ..engine import parse_policy
-    from ..quality.evaluation import evaluate, format_report, write_report
+    from ..quality.evaluation import EvalRequestError, evaluate, format_report, write_report
 
     try:
         policy = parse_policy(args.lookahead)
     except ValueError as e:
         print(f"tandem: {e}", file=sys.stderr)
         return 2
-    report = evaluate(args.task, args.pair, args.set, limit=args.limit, repeats=args.repeats, dtype=args.dtype,
-                      models=args.models, policy=policy, device=args.device)
+    try:
+        report = evaluate(args.task, args.pair, args.set, limit=args.limit, repeats=args.repeats, dtype=args.dtype,
+                          models=args.models, policy=policy, device=args.device)
+    except EvalRequestError as e:
+        print(f"tandem: {e}", file=sys.stderr)
+        return 2
     print(format_report(report))
     if args.json:
         write_report(report, args.json)

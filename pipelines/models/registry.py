@@ -27,6 +27,11 @@ _PAIR_FIELDS = {
 }
 
 
+
+def a_task(task: str) -> str:
+    """A task with its article, as messages name it: "an asr", "a translate"."""
+    return ("an " if task[:1] in "aeiou" else "a ") + task
+
 class RegistryError(ValueError):
     """models.yaml is malformed; the message is one sentence naming file, pair and field."""
 
@@ -201,7 +206,7 @@ def load_registry(path: str | Path | None = None) -> Registry:
         if name not in pairs:
             raise RegistryError(f"{path}: defaults: {task} names pair {name!r}, which is not defined")
         if pairs[name].task != task:
-            raise RegistryError(f"{path}: defaults: {task} names pair {name!r}, which is a {pairs[name].task} pair")
+            raise RegistryError(f"{path}: defaults: {task} names pair {name!r}, which is {a_task(pairs[name].task)} pair")
     return Registry(path=path, pairs=pairs, defaults=dict(defaults))
 
 

@@ -121,6 +121,25 @@ def take(items: list[dict], limit: int | None, languages: tuple[str, ...] | None
     return turns[:limit] if limit else turns
 
 
+class EvalRequestError(ValueError):
+    """A pair and a set that cannot be evaluated for the task; the message says why."""
+
+
+SET_TASKS = {"speech": "asr", "translate": "translate", "summarize": "summarize"}  # set name prefix -> task
+
+
+def check_request(task: str, pair, set_name: str | None) -> None:
+    """EvalRequestError unless ``pair`` (a registry Pair) and the built set ``set_name`` (None: items given) are
+    both of ``task``; checked before anything is built or loaded."""
+    from ..models.registry import a_task
+    from .sets import SETS
+
+    if pair.task != task:
+        raise EvalRequestError(f"pair {pair.name!r} is {a_task(pair.task)} pair, not {a_task(task)} pair")
+    if set_name is not None and set_name in SETS and SET_TASKS.get(set_name.split("-")[0]) != task:
+        raise EvalRequestError(f"set {set_name!r} is not {a_task(task)} set (--task {task})")
+
+
 def evaluate(task: str, pair_name: str, set_name: str, limit: int | None = None, repeats: int = 3,
              dtype: str | None = None, models: str | None = None, items: list[dict] | None = None,
              policy=None, temperature: tuple[float, ...] | None = None, device: str = "cpu") -> dict:
@@ -132,8 +151,7 @@ def evaluate(task: str, pair_name: str, set_name: str, limit: int | None = None,
     from .sets import build_set, read_manifest
 
     pair = load_registry(models).get(pair_name)
-    if pair.task != task:
-        raise ValueError(f"pair {pair.name!r} is a {pair.task} pair, not a {task} pair")
+    check_request(task, pair, set_name if items is None else None)
     if items is None:
         build_set(set_name)
         items = read_manifest(set_name)

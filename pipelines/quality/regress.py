@@ -49,6 +49,8 @@ from pathlib import Path
 
 import yaml
 
+from ..models.registry import a_task
+from .evaluation import SET_TASKS
 from .history import Finding, accept_run, baselines_for, heal_report, machine_of, open_history, render_report, store_run
 
 LOWER_IS_BETTER = {"wer", "cer"}
@@ -64,7 +66,6 @@ FRACTIONS = {"identical_min": (0.0, 1.0), "speedup_drop": (0.0, 0.99), "tokens_p
              "noise_factor": (0.0, 100.0)}
 RUN_KEYS = {"task", "pair", "set", "limit", "dtype", "policy", "repeats", "temperature"}
 TOP_KEYS = {"models", "out", "repeats", "baseline", "thresholds", "runs"}
-SET_TASKS = {"speech": "asr", "translate": "translate", "summarize": "summarize"}  # set name prefix -> task
 
 
 class RegressConfigError(ValueError):
@@ -191,11 +192,11 @@ def _check_pairs_and_sets(path: Path, models: str | None, runs: list[EvalSpec]) 
         except (RegistryError, KeyError) as exc:
             raise _fail(path, f"runs[{i}].pair", str(exc).strip("'\"")) from None
         if pair.task != spec.task:
-            raise _fail(path, f"runs[{i}].pair", f"{spec.pair!r} is a {pair.task} pair, not a {spec.task} pair")
+            raise _fail(path, f"runs[{i}].pair", f"{spec.pair!r} is {a_task(pair.task)} pair, not {a_task(spec.task)} pair")
         if spec.set not in SETS:
             raise _fail(path, f"runs[{i}].set", f"unknown set {spec.set!r} (known: {', '.join(SETS)})")
         if SET_TASKS.get(spec.set.split("-")[0]) != spec.task:
-            raise _fail(path, f"runs[{i}].set", f"{spec.set!r} is not a {spec.task} set")
+            raise _fail(path, f"runs[{i}].set", f"{spec.set!r} is not {a_task(spec.task)} set")
 
 
 def load_config(path: str | Path) -> Config:
