@@ -15,7 +15,10 @@ GOOD = {
 
 def _write(tmp_path: Path, doc) -> Path:
     path = tmp_path / "models.yaml"
-    path.write_text(doc if isinstance(doc, str) else yaml.safe_dump(doc))
+    if isinstance(doc, bytes):  # bytes as they are (not UTF-8)
+        path.write_bytes(doc)
+    else:
+        path.write_text(doc if isinstance(doc, str) else yaml.safe_dump(doc))
     return path
 
 
@@ -55,6 +58,10 @@ def _broken(**changes):
         ({"pairs": {}}, "'pairs' must be a non-empty mapping"),
         ({"pairs": GOOD["pairs"], "extra": 1}, "unknown top-level key 'extra'"),
         ("pairs: [unclosed", "is not valid YAML at line"),
+        ("pairs:\n  a: {task: asr, main: {embedded: whisper-base}}\n  a: {task: asr, main: {embedded: whisper-tiny.en}}\n",
+         "key 'a' is given twice (YAML at line 3)"),
+        ({"pairs": GOOD["pairs"], "defaults": {"asr": ["p"]}}, "defaults: asr must name one pair, not ['p']"),
+        (b"pairs:\n  p: {task: asr, main: {embedded: whisper-base}} # caf\xe9\n", "is not UTF-8 text (at byte offset"),
     ],
 )
 def test_broken_files_fail_with_one_clear_sentence(tmp_path, doc, needle):

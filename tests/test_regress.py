@@ -17,7 +17,11 @@ PAIR = {"task": "asr", "main": {"embedded": "whisper-base"}, "assistant": {"embe
 
 
 def _write(path, obj):
-    path.write_text(yaml.safe_dump(obj))
+    """``obj`` as YAML, or a text as it is (lone surrogates become the bytes they escape: not UTF-8)."""
+    if isinstance(obj, str):
+        path.write_bytes(obj.encode("utf-8", "surrogateescape"))
+    else:
+        path.write_text(yaml.safe_dump(obj))
     return path
 
 
@@ -68,7 +72,7 @@ def test_a_worse_assistant_fails_against_its_baseline(setup, capsys):
     broken = dict(PAIR, assistant={"embedded": "whisper-base-decoder-2l"})  # untrained 2 layers: drafts mostly wrong
     _write(models, {"pairs": {"nightly": broken}, "defaults": {"asr": "nightly"}})
     code, err = _run(tmp_path, config, capsys)
-    assert code == 1 and "REGRESSION: asr nightly/speech-real: tokens per main call" in err
+    assert code == 1 and "REGRESSION: asr nightly/speech-real [limit 2, dtype pair, constant]: tokens per main call" in err
     assert (tmp_path / "report" / "report.md").read_text().count("FAIL") >= 1
 
 
@@ -86,7 +90,7 @@ def test_regressions_are_caught_and_unchanged_runs_pass(setup, capsys):
     broken = dict(PAIR, assistant={"embedded": "whisper-base-decoder-2l"})  # untrained 2 layers: drafts mostly wrong
     _write(models, {"pairs": {"nightly": broken}, "defaults": {"asr": "nightly"}})
     code, err = _run(tmp_path, config, capsys)
-    assert code == 1 and "REGRESSION: asr nightly/speech-real: tokens per main call" in err
+    assert code == 1 and "REGRESSION: asr nightly/speech-real [limit 3, dtype pair, constant]: tokens per main call" in err
 
     _write(models, {"pairs": {"nightly": PAIR}, "defaults": {"asr": "nightly"}})
     slower = dict(config, runs=[dict(config["runs"][0], policy={"name": "constant", "lookahead": 1})])  # <= 2 per call
@@ -96,7 +100,7 @@ def test_regressions_are_caught_and_unchanged_runs_pass(setup, capsys):
     _perturbed_main(tmp_path / "perturbed")
     _write(models, {"pairs": {"nightly": dict(PAIR, main={"local": str(tmp_path / "perturbed")})}, "defaults": {"asr": "nightly"}})
     code, err = _run(tmp_path, config, capsys)
-    assert code == 1 and "REGRESSION: asr nightly/speech-real: wer" in err
+    assert code == 1 and "REGRESSION: asr nightly/speech-real [limit 3, dtype pair, constant]: wer" in err
 
     runs = db.execute("SELECT id, status, accepted, baseline FROM runs ORDER BY id").fetchall()
     assert [r[1] for r in runs] == ["pass", "pass", "fail", "fail", "fail"]
@@ -231,6 +235,12 @@ def test_config_mistakes_exit_2_before_anything_runs(tmp_path, capsys, monkeypat
         ({"runs": [dict(run, policy={"name": "constant", "lookahead": "3"})]}, "runs[0].policy.lookahead"),
         ({"runs": [run, dict(run)]}, "two runs measure the same evaluation"),
         ({"runs": [run], "outt": "x"}, "outt: unknown key"),
+        ({"runs": [run], "models": 5}, "models: must be a path (text)"),
+        ({"runs": [run], "out": 5}, "out: must be a path (text)"),
+        ({"runs": [run], "out": None}, "out: must be a path (text)"),
+        ("runs:\n  - {task: asr, pair: whisper-base, set: speech-real}\nrepeats: 2\nrepeats: 3\n",
+         "key 'repeats' is given twice (YAML at line 4)"),
+        ("runs: [] # caf\udce9", "is not UTF-8 text"),
     ]
     for obj, message in cases:
         path = _write(tmp_path / "nightly.yaml", obj)

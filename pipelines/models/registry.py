@@ -173,21 +173,45 @@ def _parse_pair(path: Path, name: str, raw: Any) -> Pair:
     )
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that names one key twice (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def read_yaml(path: Path) -> tuple[object | None, str | None]:
+    """A YAML file's contents, or None and why it cannot be had (unreadable, not UTF-8, not YAML, a key given
+    twice in one mapping), as one phrase with the line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        return None, f"cannot be read ({exc.strerror or exc})"
+    except UnicodeDecodeError as exc:
+        return None, f"is not UTF-8 text (at byte offset {exc.start})"
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader), None  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark else ""
+        problem = getattr(exc, "problem", "") or ""
+        return None, f"{problem} (YAML{line})" if "given twice" in problem else f"is not valid YAML{line}"
+
+
 def load_registry(path: str | Path | None = None) -> Registry:
     """Read and validate a models file (default: the project's models.yaml, or ``$TANDEM_MODELS``)."""
     import os
 
     path = Path(path or os.environ.get("TANDEM_MODELS") or DEFAULT_FILE)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise RegistryError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" at line {mark.line + 1}" if mark else ""
-        raise RegistryError(f"{path}: is not valid YAML{line}") from None
+    raw, problem = read_yaml(path)
+    if problem:
+        raise RegistryError(f"{path}: {problem}")
     if not isinstance(raw, dict):
         raise RegistryError(f"{path}: must be a mapping with 'pairs' and 'defaults'")
     unknown = set(raw) - {"pairs", "defaults"}
@@ -201,6 +225,8 @@ def load_registry(path: str | Path | None = None) -> Registry:
     if not isinstance(defaults, dict):
         raise RegistryError(f"{path}: 'defaults' must map tasks to pair names")
     for task, name in defaults.items():
+        if not isinstance(name, str):
+            raise RegistryError(f"{path}: defaults: {task} must name one pair, not {name!r}")
         if task not in TASKS:
             raise RegistryError(f"{path}: defaults: {task!r} is not a task (expected {', '.join(TASKS)})")
         if name not in pairs:

@@ -47,9 +47,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from ..models.registry import a_task
+from ..models.registry import a_task, read_yaml
 from .evaluation import SET_TASKS
 from .history import Finding, accept_run, baselines_for, heal_report, machine_of, open_history, render_report, store_run
 
@@ -205,12 +203,9 @@ def load_config(path: str | Path) -> Config:
     from ..models.loading import DTYPES
 
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise RegressConfigError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    except yaml.YAMLError:
-        raise RegressConfigError(f"{path}: is not valid YAML") from None
+    raw, problem = read_yaml(path)
+    if problem:
+        raise RegressConfigError(f"{path}: {problem}")
     if not isinstance(raw, dict) or not isinstance(raw.get("runs"), list) or not raw["runs"]:
         raise RegressConfigError(f"{path}: must be a mapping with a non-empty 'runs' list")
     unknown = set(raw) - TOP_KEYS
@@ -243,13 +238,16 @@ def load_config(path: str | Path) -> Config:
         dup = next(k for k in keys if keys.count(k) > 1)
         raise _fail(path, "runs", f"two runs measure the same evaluation {dup.replace('|', ' ')} (give them another limit or dtype)")
     base = path.parent
-    models = raw.get("models")
+    models, out = raw.get("models"), raw.get("out", "reports/nightly")
+    for key, value in (("models", models), ("out", out)):
+        if value is not None and not isinstance(value, str) or key == "out" and not value:
+            raise _fail(path, key, "must be a path (text), relative to the config")
     baseline = raw.get("baseline", "last")
     if baseline != "last" and (not isinstance(baseline, int) or isinstance(baseline, bool)):
         raise _fail(path, "baseline", "must be 'last' or a run id")
     models = str((base / models).resolve()) if models else None
     _check_pairs_and_sets(path, models, runs)
-    out = (base / raw.get("out", "reports/nightly")).resolve()
+    out = (base / out).resolve()
     if out.exists() and not out.is_dir():
         raise _fail(path, "out", f"{out} exists and is not a folder")
     return Config(path, models, out, repeats, baseline, thresholds, tuple(runs))
@@ -295,16 +293,26 @@ def _gate_drop(found: list[Finding], notes: list[str], what: Finding, now: float
         found.append(Finding(what.key, what.what, f"{figures} (dropped {1 - now / old:.0%} > allowed {allowed:.0%})"))
 
 
+def label_of(key: str, report: dict) -> str:
+    """An evaluation as its findings name it, with everything in its key (``EvalSpec.key``) that tells two runs of
+    one pair and set apart: "asr whisper-base+distilled/speech-real [limit all, dtype pair, adaptive]"."""
+    label = f"{report['task']} {report['pair']}/{report['set']}"
+    parts = key.split("|")
+    if len(parts) < 5:  # not an EvalSpec key
+        return label
+    return f"{label} [limit {parts[3]}, dtype {parts[4]}, {parts[5] if len(parts) > 5 else 'adaptive'}]"
+
+
 def compare(key: str, now: dict, base: dict | None, same_machine: bool, th: dict) -> tuple[list[Finding], list[str]]:
     """Regressions of one evaluation against its baseline, and notes (what was not compared, and why).
     The identical rate needs no baseline."""
     found, notes = [], []
-    label = f"{now['task']} {now['pair']}/{now['set']}"
+    label = label_of(key, now)
     if now["identical_rate"] < th["identical_min"]:
         found.append(Finding(key, "identical", f"{label}: identical output {now['identical_rate']:.1%} < "
                                                f"{th['identical_min']:.0%} (assisted differs from plain greedy)"))
     if base is None:
-        notes.append(f"NEW: {label} ({key.replace('|', ' ')}): no baseline to compare with; this run becomes its baseline")
+        notes.append(f"NEW: {label}: no baseline to compare with; this run becomes its baseline")
         return found, notes
     for metric, score in now["quality"]["assisted"].items():
         old = base["quality"]["assisted"].get(metric)
