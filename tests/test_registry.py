@@ -2,7 +2,9 @@
 
 from pathlib import Path
 
+import numpy as np
 import pytest
+import soundfile as sf
 import yaml
 
 from pipelines.models.registry import RegistryError, load_registry, preflight
@@ -122,6 +124,25 @@ def test_preflight_rejects_a_different_tokenizer(tmp_path, base_dir):
     folder = _config_only_folder(tmp_path, "tiny", embedded_path("whisper-tiny.en"))
     verdict = preflight(load_registry(_pair_file(tmp_path, folder, share=False)).get("x"))
     assert verdict.ok is False and "tokenizers differ" in verdict.summary()
+
+
+def test_a_pair_that_fails_its_preflight_is_refused_before_its_weights_load(tmp_path, base_dir, monkeypatch, capsys):
+    """load_pair (every command's way to a pair) runs the pre-flight first: an assistant with another tokenizer
+    used to load and crash mid-decode (or, with a text model drafting for Whisper, run at acceptance 0)."""
+    from pipelines.cli import main
+    from pipelines.models import pairs
+    from pipelines.models.embedded import embedded_path
+
+    folder = _config_only_folder(tmp_path, "tiny", embedded_path("whisper-tiny.en"))
+    pair = load_registry(_pair_file(tmp_path, folder, share=False)).get("x")
+    monkeypatch.setattr(pairs, "load_model", lambda *a, **k: pytest.fail("weights were loaded"))
+    with pytest.raises(RegistryError, match="pair 'x' fails its pre-flight check: .*tokenizers differ"):
+        pairs.load_pair(pair)
+    clip = tmp_path / "a.wav"
+    sf.write(clip, np.zeros(16000, dtype=np.float32), 16000)
+    assert main(["--models", str(tmp_path / "models.yaml"), "transcribe", str(clip), "--pair", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "fails its pre-flight check" in err and err.count("\n") == 1
 
 
 def test_preflight_rejects_task_misfit(tmp_path, base_dir):

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..devices import resolve_dtype
-from ..models.registry import Pair, a_task
+from ..models.pairs import check_pair
+from ..models.registry import Pair, RegistryError, a_task
 from .batching import transcribe
 from .inputs import display, find_inputs
 from .options import TranscribeOptions, Transcript
@@ -282,8 +283,9 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
             require_ray()  # a missing extra is known before the output folder is taken
         require_vad(options.vad_filter)  # likewise
         refs = load_refs(refs_manifest)
+        check_pair(pair)
         job = plan_batch(paths, pair, options, out, formats)
-    except (ValueError, BatchError, ImportError) as e:
+    except (ValueError, BatchError, ImportError, RegistryError) as e:
         print(f"tandem: {e}", file=sys.stderr)
         return 2
     try:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from ..devices import HALF_UNITS, half_is_native, int8_allowed, resolve_dtype
 from ..engine import AssistedDecoder, Decoder, as_decoder, model_drafter, prompt_lookup
 from .loading import load_model, load_tokenizer
-from .registry import Pair
+from .registry import Pair, RegistryError, preflight
 
 
 @dataclass(frozen=True)
@@ -55,9 +55,21 @@ def engine_for(loaded: LoadedPair, draft: str) -> AssistedDecoder:
     return AssistedDecoder(loaded.main, make, pad)
 
 
+def check_pair(pair: Pair) -> None:
+    """RegistryError when the pair's pre-flight (``registry.preflight``: configs and tokenizers, no weights) fails;
+    a pair it cannot check offline passes here and meets loading's own error."""
+    verdict = preflight(pair)
+    if verdict.ok is False:
+        raise RegistryError(f"pair {pair.name!r} fails its pre-flight check: {'; '.join(verdict.problems)} "
+                            "(tandem models lists every pair's checks)")
+
+
 def load_pair(pair: Pair, dtype: str | None = None, device: str = "cpu") -> LoadedPair:
     """Load the pair's main model (and assistant) on ``device`` (``devices.resolve_device``) in ``dtype``
-    (default: ``devices.resolve_dtype``'s, the pair's own on a CPU) and build its engines."""
+    (default: ``devices.resolve_dtype``'s, the pair's own on a CPU) and build its engines. RegistryError, before
+    any weights load, for a pair whose pre-flight (``registry.preflight``: configs and tokenizers) fails, e.g. an
+    assistant with another tokenizer, which could only draft tokens the main model does not mean."""
+    check_pair(pair)
     dtype = resolve_dtype(device, dtype, pair.dtype)
     if not half_is_native(device, dtype):
         warnings.warn(f"{dtype} is emulated on this CPU (none of {', '.join(HALF_UNITS[dtype])} in /proc/cpuinfo): "
