@@ -67,10 +67,11 @@ GOOD = {"goforward", "forever", "cards-001", "austen", "austen2", "silence", "lo
 BAD = {"corrupt": "not an audio file", "empty": "empty file", "notes": "not an audio file"}
 
 
-def test_mixed_folder_in_one_command_then_resume(mixed_folder, tmp_path, capsys):
+def test_mixed_folder_in_one_command_then_resume(mixed_folder, tmp_path, monkeypatch, capsys):
     folder, long = mixed_folder
     out = tmp_path / "out"
-    code = main(["transcribe", str(folder), "--out", str(out), "--formats", "txt,srt,json", "--batch-size", "4"])
+    monkeypatch.chdir(tmp_path)  # --out as a relative path here; the re-run below starts from another folder
+    code = main(["transcribe", str(folder), "--out", "out", "--formats", "txt,srt,json", "--batch-size", "4"])
     printed = capsys.readouterr().out
     assert code == 1  # some files failed
     for stem in GOOD:
@@ -91,7 +92,8 @@ def test_mixed_folder_in_one_command_then_resume(mixed_folder, tmp_path, capsys)
     assert wer([(out / "long.txt").read_text()], [long["reference"]]).value < 0.15
     assert "files:           10 (3 failed)" in printed
 
-    # a re-run does nothing for the finished files; the failed ones are tried again
+    # a re-run does nothing for the finished files, from any working folder; the failed ones are tried again
+    monkeypatch.chdir("/")
     code = main(["transcribe", str(folder), "--out", str(out), "--formats", "txt,srt,json"])
     printed = capsys.readouterr().out
     assert "resuming: 7 of 10 files already done" in printed and "files:           3 (3 failed)" in printed

@@ -144,7 +144,9 @@ class OutputTree:
             same_source = meta["path"] == os.path.abspath(source) and meta["source"] == self._source_id(source)
         except (OSError, ValueError, KeyError):
             return False
-        outputs = [Path(p) for p in meta.get("outputs", [])]
+        # outputs sit beside their record: found by name wherever the run starts from (records before 2026-12-05
+        # held paths relative to that run's working folder)
+        outputs = [record.parent / Path(p).name for p in meta.get("outputs", [])]
         return (meta.get("status") == "done" and meta.get("signature") == self.signature and same_source
                 and all(p.is_file() for p in outputs) and {p.suffix[1:] for p in outputs} >= set(self.formats))
 
@@ -163,7 +165,7 @@ class OutputTree:
         except OSError:
             source_id = None
         meta = {"source": source_id, "path": os.path.abspath(source), "signature": self.signature,
-                "status": "done" if t.ok else "failed", "error": t.error, "outputs": [str(p) for p in written]}
+                "status": "done" if t.ok else "failed", "error": t.error, "outputs": [p.name for p in written]}
         write_atomic(self.record_path(source), json.dumps(meta, indent=1))
         return written
 
