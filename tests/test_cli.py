@@ -104,6 +104,19 @@ def test_english_only_pair_takes_english_or_auto_and_refuses_another_language(tm
     assert "Traceback" not in "".join(err)
 
 
+def test_a_language_the_model_lacks_is_refused_before_any_weights_load(tmp_path, speech_real, monkeypatch, capsys):
+    """The language is checked from the main model's generation_config.json: refused before loading and before
+    --out is created and locked (it used to load the pair first)."""
+    from pipelines.models import pairs
+
+    good = next(i for i in speech_real if i["id"] == "goforward")["audio_path"]
+    monkeypatch.setattr(pairs, "load_model", lambda *a, **k: pytest.fail("weights were loaded"))
+    for language in ("xx", "EN", "English"):
+        assert main(["transcribe", good, "--language", language, "--out", str(tmp_path / "out")]) == 2
+        assert capsys.readouterr().err == f"tandem: language {language!r} is not one pair 'whisper-base+distilled' knows\n"
+    assert not (tmp_path / "out").exists()
+
+
 def test_absolute_glob_patterns(tmp_path, speech_real):
     from pipelines.asr import find_audio
 

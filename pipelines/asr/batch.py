@@ -30,6 +30,7 @@ from .batching import transcribe
 from .inputs import display, find_inputs
 from .options import TranscribeOptions, Transcript
 from .outputs import OutputError, OutputTree, run_signature
+from .runner import preflight_language
 from .vad import require_vad
 
 if TYPE_CHECKING:
@@ -284,6 +285,7 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
         require_vad(options.vad_filter)  # likewise
         refs = load_refs(refs_manifest)
         check_pair(pair)
+        preflight_language(pair, options)
         job = plan_batch(paths, pair, options, out, formats)
     except (ValueError, BatchError, ImportError, RegistryError) as e:
         print(f"tandem: {e}", file=sys.stderr)

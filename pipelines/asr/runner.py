@@ -14,6 +14,33 @@ from ..models.registry import Pair
 from .options import LanguageError, TranscribeOptions
 
 
+def check_language(name: str, generation_config, options: TranscribeOptions) -> None:
+    """Raise LanguageError (one sentence) when pair ``name``'s main model (its ``generation_config``, which the
+    weights need not be loaded for: ``preflight_language``) cannot do what ``options`` ask: an English-only model
+    given a language other than English (or None, which it takes as English) or the translate task, a
+    multilingual model given a language it has no token for."""
+    if not getattr(generation_config, "is_multilingual", False):
+        if options.language not in (None, "en"):
+            raise LanguageError(f"pair {name!r} is English-only: the language must be en or auto, "
+                                f"not {options.language!r} (choose a multilingual pair)")
+        if options.task != "transcribe":
+            raise LanguageError(f"pair {name!r} is English-only: it cannot {options.task} (choose a multilingual pair)")
+    elif options.language is not None and f"<|{options.language}|>" not in (generation_config.lang_to_id or {}):
+        raise LanguageError(f"language {options.language!r} is not one pair {name!r} knows")
+
+
+def preflight_language(pair: Pair, options: TranscribeOptions) -> None:
+    """``check_language`` from the main model's generation_config.json alone, before any weights load; a model
+    whose config cannot be had here (not offline) is left to loading, which says why."""
+    from ..models.loading import ModelUnavailableError, load_generation_config
+
+    try:
+        generation_config = load_generation_config(pair.main)
+    except ModelUnavailableError:
+        return
+    check_language(pair.name, generation_config, options)
+
+
 class WhisperRunner:
     """Holds one pair's models, tokenizer and feature extractor; never mutated per request."""
 
@@ -44,18 +71,8 @@ class WhisperRunner:
         return bool(getattr(self.model.generation_config, "is_multilingual", False))
 
     def check_language(self, options: TranscribeOptions) -> None:
-        """Raise LanguageError (one sentence) when the model cannot do what ``options`` ask: an English-only
-        model given a language other than English (or None, which it takes as English) or the translate
-        task, a multilingual model given a language it has no token for."""
-        name = self.pair.name
-        if not self.multilingual:
-            if options.language not in (None, "en"):
-                raise LanguageError(f"pair {name!r} is English-only: the language must be en or auto, "
-                                    f"not {options.language!r} (choose a multilingual pair)")
-            if options.task != "transcribe":
-                raise LanguageError(f"pair {name!r} is English-only: it cannot {options.task} (choose a multilingual pair)")
-        elif options.language is not None and f"<|{options.language}|>" not in self.model.generation_config.lang_to_id:
-            raise LanguageError(f"language {options.language!r} is not one pair {name!r} knows")
+        """``check_language`` with this model's generation config."""
+        check_language(self.pair.name, self.model.generation_config, options)
 
     @cached_property
     def timestamp_begin(self) -> int:

@@ -151,6 +151,13 @@ def load_config(ref: ModelRef):
     return _from_pretrained(AutoConfig, ref)
 
 
+def load_generation_config(ref: ModelRef):
+    """The model's generation_config.json (transformers' GenerationConfig), without its weights."""
+    from transformers import GenerationConfig
+
+    return _from_pretrained(GenerationConfig, ref)
+
+
 def load_tokenizer(ref: ModelRef):
     from transformers import AutoTokenizer
 
