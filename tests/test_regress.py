@@ -269,3 +269,22 @@ def test_history_survives_a_reader_and_a_killed_run(tmp_path):
     heal_report(open_history(path), tmp_path)
     report = (tmp_path / "report.md").read_text()
     assert report.startswith(f"# Tandem regression run {second}\n") and "Runs compared" in report and "cpu-a" in report
+
+
+def test_accepting_a_run_says_whether_it_became_the_baseline(tmp_path):
+    """--accept on the latest run makes it the baseline; on an older one, later accepted runs stay the baseline and
+    the message says so and how to compare with it (it claimed 'it is now the baseline' either way)."""
+    from types import SimpleNamespace
+
+    from pipelines.quality.history import Finding, open_history, store_run
+    from pipelines.quality.regress import accept
+
+    db = open_history(tmp_path / "history.sqlite")
+    failed = [Finding("k", "speedup", "slower")]
+    for n, findings in enumerate(([], failed, [], failed), 1):  # runs 1 pass, 2 fail, 3 pass, 4 fail
+        store_run(db, f"t{n}", "c", "x", findings, [], {}, {"k": _report()})
+    db.close()
+    config = SimpleNamespace(out=tmp_path)
+    assert accept(config, 2) == ("run 2 accepted, but later accepted runs (3) stay the baseline of what they "
+                                 "measured; compare with run 2 instead: tandem regress --pin 2")
+    assert accept(config, 4) == "run 4 accepted: it is now the baseline"

@@ -333,8 +333,7 @@ def cmd_regress(args: argparse.Namespace) -> int:
 
     config = load_config(args.config or PROJECT_ROOT / "data" / "nightly.yaml")
     if args.accept is not None:
-        accept(config, args.accept)
-        print(f"run {args.accept} accepted: it is now the baseline")
+        print(accept(config, args.accept))
         return 0
     run_id, findings, notes, report = regress(config, pin=args.pin, device=args.device)
     for line in notes:

@@ -388,9 +388,18 @@ def regress(config: Config, pin: int | None = None, log=print, device: str = "cp
     return run_id, findings, notes, html_path
 
 
-def accept(config: Config, run_id: int) -> None:
-    """Accept a run by hand (an intended change): it becomes the baseline for "last"."""
+def accept(config: Config, run_id: int) -> str:
+    """Accept a run by hand (an intended change): the baseline for "last" is the latest accepted run holding an
+    evaluation, so it becomes the baseline unless a later run is accepted already. Returns what happened, in one
+    sentence."""
     db = open_history(config.out / "history.sqlite")
-    if not accept_run(db, run_id):
-        raise RegressConfigError(f"run {run_id} is not in the history {config.out / 'history.sqlite'}")
-    db.close()
+    try:
+        if not accept_run(db, run_id):
+            raise RegressConfigError(f"run {run_id} is not in the history {config.out / 'history.sqlite'}")
+        later = [r for (r,) in db.execute("SELECT id FROM runs WHERE accepted = 1 AND id > ? ORDER BY id", (run_id,))]
+    finally:
+        db.close()
+    if later:
+        return (f"run {run_id} accepted, but later accepted runs ({', '.join(map(str, later))}) stay the baseline "
+                f"of what they measured; compare with run {run_id} instead: tandem regress --pin {run_id}")
+    return f"run {run_id} accepted: it is now the baseline"
