@@ -161,16 +161,11 @@ def load_refs(manifest: str | None) -> dict[str, str]:
         return {}
     import json
 
-    from ..quality.sets import DataBuildError, read_manifest
+    from ..quality.sets import MANIFEST, DataBuildError, read_manifest
 
     path = Path(manifest)
-    path = path / "manifest.jsonl" if path.is_dir() else path
     try:
-        if path.is_file():  # any name: a set's name is only tried when no such file is there
-            with open(path, encoding="utf-8") as f:
-                items = [json.loads(line) for line in f if line.strip()]
-        else:
-            items = read_manifest(manifest)
+        items = read_manifest(path / MANIFEST if path.is_dir() else manifest)
     except DataBuildError as exc:
         raise BatchError(f"--refs {manifest}: no such manifest file or set ({exc})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

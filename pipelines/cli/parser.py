@@ -24,15 +24,24 @@ from .commands import (
 )
 
 
-def _count(text: str) -> int:
-    """A count from the command line (items, repeats, rows, tokens, threads, a batch): a whole number from 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number from 1, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number from 1, not {value}")
-    return value
+def _whole_number(low: int, high: int | None = None):
+    """An argparse type: a whole number from ``low`` (to ``high``), else an argument error saying the range."""
+    bounds = f"from {low}" + (f" to {high}" if high is not None else "")
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"expected a whole number {bounds}, not {text!r}")
+        return value
+
+    return parse
+
+
+_count = _whole_number(1)  # a count (items, repeats, rows, tokens, threads, a batch)
+_port = _whole_number(1, 65535)  # a TCP port
 
 
 def _positive(text: str) -> float:
@@ -43,17 +52,6 @@ def _positive(text: str) -> float:
         value = float("nan")
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a number above 0, not {text!r}")
-    return value
-
-
-def _port(text: str) -> int:
-    """A TCP port: a whole number from 1 to 65535."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port from 1 to 65535, not {text!r}")
     return value
 
 

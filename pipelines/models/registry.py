@@ -27,10 +27,10 @@ _PAIR_FIELDS = {
 }
 
 
-
 def a_task(task: str) -> str:
     """A task with its article, as messages name it: "an asr", "a translate"."""
     return ("an " if task[:1] in "aeiou" else "a ") + task
+
 
 class RegistryError(ValueError):
     """models.yaml is malformed; the message is one sentence naming file, pair and field."""
@@ -173,6 +173,10 @@ def _parse_pair(path: Path, name: str, raw: Any) -> Pair:
     )
 
 
+class _KeyGivenTwice(yaml.constructor.ConstructorError):
+    """A mapping names one key twice."""
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing a mapping that names one key twice (PyYAML keeps the last silently)."""
 
@@ -181,7 +185,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice", key_node.start_mark)
+                raise _KeyGivenTwice(None, None, f"key {key!r} is given twice", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep)
 
@@ -200,8 +204,7 @@ def read_yaml(path: Path) -> tuple[object | None, str | None]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark else ""
-        problem = getattr(exc, "problem", "") or ""
-        return None, f"{problem} (YAML{line})" if "given twice" in problem else f"is not valid YAML{line}"
+        return None, f"{exc.problem} (YAML{line})" if isinstance(exc, _KeyGivenTwice) else f"is not valid YAML{line}"
 
 
 def load_registry(path: str | Path | None = None) -> Registry:

@@ -43,9 +43,10 @@ def set_dir(name: str) -> Path:
 
 
 def read_manifest(name_or_path: str | Path) -> list[dict]:
-    """Items of a built set (by name) or of a manifest file (by path)."""
+    """Items of a built set (by name) or of a manifest file (by path; a name without a suffix is a set's unless
+    such a file exists)."""
     path = Path(name_or_path)
-    if not path.suffix:
+    if not path.suffix and not path.is_file():
         path = set_dir(str(name_or_path)) / MANIFEST
     if not path.is_file():
         raise DataBuildError(f"{path} does not exist; build it with: tandem data build {path.parent.name}")
