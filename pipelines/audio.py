@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import TandemError
 from .paths import display
 
 SAMPLE_RATE = 16000  # Whisper's input rate, Hz
@@ -23,7 +24,7 @@ AUDIO_EXTENSIONS = frozenset(
 )
 
 
-class AudioDecodeError(ValueError):
+class AudioDecodeError(TandemError, ValueError):
     """The file cannot be turned into audio samples; the message says which file and why."""
 
     def __init__(self, path: str | Path, reason: str) -> None:

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import paths
+from .errors import TandemError
 
 
-class DataBuildError(RuntimeError):
+class DataBuildError(TandemError, RuntimeError):
     """A set or corpus cannot be built here; the message says what is missing and how to get it."""
 
 

@@ -12,11 +12,13 @@ import platform
 import re
 from functools import lru_cache
 
+from .errors import TandemError
+
 CHOICES = "auto, cpu, cuda or cuda:N"
 ENV = "TANDEM_DEVICE"
 
 
-class DeviceError(ValueError):
+class DeviceError(TandemError, ValueError):
     """The device asked for does not exist here (one sentence, for the command line's exit 2)."""
 
 

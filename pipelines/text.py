@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .engine import DecodeOptions, PolicyOptions, rules_from_generation_config
+from .errors import TandemError
 from .languages import language_name
 from .models.pairs import LoadedPair, load_pair
 from .models.registry import Pair, a_task
@@ -34,7 +35,7 @@ SUMMARIZE_INSTRUCTION = "Summarize the following text in a few sentences. Reply 
 TRANSLATE_INSTRUCTION = "Translate the following {src} text into {tgt}. Reply with the translation only."
 
 
-class TextInputError(ValueError):
+class TextInputError(TandemError, ValueError):
     """The input text or the languages cannot be used; the message says why."""
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..devices import resolve_dtype
+from ..errors import TandemError
 from ..models.pairs import check_pair
 from ..models.registry import Pair, RegistryError, a_task
 from .batching import transcribe
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from ..scale.ray_batch import RayOptions
 
 
-class BatchError(ValueError):
+class BatchError(TandemError, ValueError):
     """The run cannot start (a missing input, no audio found, an unusable output folder): one sentence."""
 
 

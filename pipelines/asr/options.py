@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from ..audio import SAMPLE_RATE
 from ..engine import PolicyOptions
+from ..errors import TandemError
 from .safeguards import TEMPERATURES, check_options
 
 WINDOW_SECONDS = 30.0  # Whisper's input window
@@ -17,7 +18,7 @@ CHUNK_MAX_SECONDS = 26.0  # and at most this long (speech in Whisper's last ~3 s
 LONG_FORMS = ("sequential", "chunked")
 
 
-class LanguageError(ValueError):
+class LanguageError(TandemError, ValueError):
     """The pair's model cannot take the asked language or task (e.g. German on an English-only model)."""
 
 

@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from ..errors import TandemError
 from ..paths import FILE_MODE, write_atomic
 from .inputs import Input, display
 from .options import Segment, Transcript
@@ -69,7 +70,7 @@ def render(t: Transcript, fmt: str) -> str:
     return {"srt": format_srt, "vtt": format_vtt, "tsv": format_tsv}[fmt](t.segments)
 
 
-class OutputError(RuntimeError):
+class OutputError(TandemError, RuntimeError):
     """The output folder cannot be used (not a folder, not writable, another run holds it)."""
 
 

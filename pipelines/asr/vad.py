@@ -17,11 +17,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..audio import SAMPLE_RATE
+from ..errors import TandemError
 
 VAD_INSTALL = "pip install -e '.[vad]'"  # where Silero comes from (faster-whisper and onnxruntime)
 
 
-class VadUnavailable(ImportError):
+class VadUnavailable(TandemError, ImportError):
     """The Silero voice-activity filter was asked for but faster-whisper (which ships it) is not installed."""
 
 

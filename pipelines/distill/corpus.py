@@ -28,12 +28,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import TandemError
 from .speech import Recipe
 
 FORMAT = 1
 
 
-class CorpusError(RuntimeError):
+class CorpusError(TandemError, RuntimeError):
     """The committed corpus cannot be used as it is; the message says why."""
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import TandemError
+
 TOPK = 8
 HELDOUT_SHARD = 0
 
 
-class DistillError(RuntimeError):
+class DistillError(TandemError, RuntimeError):
     """The distillation cannot go on; the message says why."""
 
 

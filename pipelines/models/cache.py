@@ -12,12 +12,13 @@ import tempfile
 from pathlib import Path
 
 from .. import paths
+from ..errors import TandemError
 
 STAMP = "tandem-complete.json"
 WEIGHTS = "model.safetensors"
 
 
-class EmbeddedModelError(RuntimeError):
+class EmbeddedModelError(TandemError, RuntimeError):
     """An embedded model cannot be had: its package is missing or its bytes are not the pinned ones."""
 
 

@@ -13,11 +13,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import TandemError
+
 # CTranslate2 dtype codes -> numpy dtypes (bf16 has no numpy dtype: read as uint16 and widened below).
 _DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16, 5: np.uint16}
 
 
-class CT2FormatError(ValueError):
+class CT2FormatError(TandemError, ValueError):
     """The bytes are not a CTranslate2 model.bin this reader understands."""
 
 

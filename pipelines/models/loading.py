@@ -12,13 +12,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import TandemError
 from . import embedded
 
 SOURCES = ("hub", "local", "embedded")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-class ModelUnavailableError(RuntimeError):
+class ModelUnavailableError(TandemError, RuntimeError):
     """A model cannot be had right now (not downloaded and offline, folder missing, package missing)."""
 
 

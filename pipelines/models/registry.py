@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from ..errors import TandemError
 from ..paths import PROJECT_ROOT
 from .loading import DTYPES, ModelRef, ModelUnavailableError, is_available_offline, load_config, load_tokenizer
 
@@ -32,7 +33,7 @@ def a_task(task: str) -> str:
     return ("an " if task[:1] in "aeiou" else "a ") + task
 
 
-class RegistryError(ValueError):
+class RegistryError(TandemError, ValueError):
     """models.yaml is malformed; the message is one sentence naming file, pair and field."""
 
 

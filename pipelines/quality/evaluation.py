@@ -18,6 +18,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from ..errors import TandemError
+
 SCHEMA = "tandem-eval/1"
 # {
 #   "schema": "tandem-eval/1", "task": str, "pair": str, "set": str, "items": int, "dtype": str,
@@ -121,7 +123,7 @@ def take(items: list[dict], limit: int | None, languages: tuple[str, ...] | None
     return turns[:limit] if limit else turns
 
 
-class EvalRequestError(ValueError):
+class EvalRequestError(TandemError, ValueError):
     """A pair and a set that cannot be evaluated for the task; the message says why."""
 
 

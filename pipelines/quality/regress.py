@@ -47,6 +47,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import TandemError
 from ..models.registry import a_task, read_yaml
 from .evaluation import SET_TASKS
 from .history import Finding, accept_run, baselines_for, heal_report, machine_of, open_history, render_report, store_run
@@ -66,11 +67,11 @@ RUN_KEYS = {"task", "pair", "set", "limit", "dtype", "policy", "repeats", "tempe
 TOP_KEYS = {"models", "out", "repeats", "baseline", "thresholds", "runs"}
 
 
-class RegressConfigError(ValueError):
+class RegressConfigError(TandemError, ValueError):
     """The regression config cannot be used; the message names the field."""
 
 
-class RegressRunError(RuntimeError):
+class RegressRunError(TandemError, RuntimeError):
     """An evaluation could not run (a model or set that cannot be had); the message says which."""
 
 

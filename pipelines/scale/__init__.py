@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import TandemError
+
 __all__ = ["RayOptions", "RayUnavailableError", "require_ray"]
 
 
-class RayUnavailableError(ImportError):
+class RayUnavailableError(TandemError, ImportError):
     """Ray (Ray Data) is not installed in this environment."""
 
 
