@@ -171,4 +171,34 @@ def write_wav(path: str | Path, samples: np.ndarray, sample_rate: int = SAMPLE_R
 
 
 def is_audio_name(path: Path) -> bool:
+    """Whether ``path``'s suffix (in any case: ``.WAV`` too) is one of ``AUDIO_EXTENSIONS``."""
     return path.suffix.lower() in AUDIO_EXTENSIONS
+
+
+def probe_audio(path: Path) -> str | None:
+    """None when the audio layer can decode ``path``, else why not (a few words). Cheap: libsndfile reads its
+    header, else ffmpeg (PyAV) probes the container's header for an audio stream, so a folder's ``.ts``,
+    ``.avi``, ``.ac3``, ``.mpg``, ``.3gp``, ``.mka`` or ``.w64`` recordings are found by content, whatever
+    their suffix, and a text file, an image or a video without sound is told apart."""
+    import soundfile as sf
+
+    try:
+        with open(path, "rb") as fh:
+            sf.info(fh)
+        return None
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    except (sf.LibsndfileError, RuntimeError, TypeError, ValueError):
+        pass
+    import av
+
+    try:
+        with open(path, "rb") as fh, av.open(fh, metadata_errors="ignore") as container:
+            if container.streams.audio:
+                return None
+            kinds = sorted({s.type for s in container.streams if s.type})
+            return f"no audio stream ({', '.join(kinds)} only)" if kinds else "no audio stream"
+    except (av.error.FFmpegError, UnicodeDecodeError, ValueError):  # before OSError: some FFmpegErrors are both
+        return "not a format the audio layer reads"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"

@@ -28,7 +28,7 @@ from ..errors import TandemError
 from ..models.pairs import check_pair
 from ..models.registry import Pair, RegistryError, a_task
 from .batching import transcribe
-from .inputs import display, find_inputs
+from .inputs import Skipped, display, find_inputs
 from .options import TranscribeOptions, Transcript
 from .outputs import OutputError, OutputTree, run_signature
 from .runner import preflight_language
@@ -52,6 +52,7 @@ class BatchJob:
     todo: tuple[Path, ...]  # the inputs not done before (all of them without an output folder)
     tree: OutputTree | None  # where outputs go, or None (nothing written)
     collisions: tuple[str, ...] = ()  # one line per output name that had to be disambiguated
+    not_audio: tuple[Skipped, ...] = ()  # files of the folders given that are not audio (named in the summary)
 
 
 @dataclass(frozen=True)
@@ -83,17 +84,29 @@ def plan_batch(paths: Iterable[str | os.PathLike], pair: Pair, options: Transcri
     missing = [p for p in paths if not any(ch in p for ch in "*?[") and not os.path.lexists(p)]
     if missing:
         raise BatchError(f"no such file or folder: {display(missing[0])}")
-    inputs, collisions = find_inputs(paths)
+    inputs, collisions, not_audio = find_inputs(paths, exclude=[out] if out else [])
     if not inputs:
-        raise BatchError("no audio files found in " + ", ".join(display(p) for p in paths))
+        raise BatchError("no audio files found in " + ", ".join(display(p) for p in paths)
+                         + (f" ({skipped_line(not_audio)})" if not_audio else ""))
     tree = OutputTree(out, inputs, formats, run_signature(pair.name, options)) if out else None
     if tree:
         try:
             tree.open()
         except OutputError as e:
             raise BatchError(str(e)) from None
+        tree.note_skipped(not_audio)
     files = tuple(i.path for i in inputs)
-    return BatchJob(pair, options, files, pending(files, tree), tree, tuple(collisions))
+    return BatchJob(pair, options, files, pending(files, tree), tree, tuple(collisions), tuple(not_audio))
+
+
+def skipped_line(not_audio, where: str | None = None) -> str:
+    """"skipped 3 files that are not audio: a.txt, b.jpg, c.pdf (see OUT/skipped.tsv)": the first names, then
+    how many more."""
+    names = [display(s.path.name) for s in not_audio[:5]]
+    more = f" and {len(not_audio) - len(names)} more" if len(not_audio) > len(names) else ""
+    noun = "file that is" if len(not_audio) == 1 else "files that are"
+    return (f"skipped {len(not_audio)} {noun} not audio: {', '.join(names)}{more}"
+            + (f" (see {where})" if where else ""))
 
 
 def transcribe_in_process(job: BatchJob) -> Iterator[Transcript]:
@@ -253,6 +266,8 @@ def summary_lines(run: BatchRun, job: BatchJob, refs: dict[str, str], out: str |
     if scored:
         score = wer([h for h, _ in scored], [r for _, r in scored], language=job.options.language or "en")
         lines.append(f"  WER:             {100 * score.value:.2f}% on {score.n} files  [{score.signature}]")
+    if job.not_audio:
+        lines.append("  " + skipped_line(job.not_audio, display(Path(out) / "skipped.tsv") if job.tree else None))
     if run.failed and job.tree:
         lines.append(f"  failures:        {Path(out) / 'failures.tsv'}")
     return lines

@@ -6,7 +6,8 @@ and mtime, the run's signature, status, outputs). Outputs are written to a tempo
 place with the user's umask; the record is written last. A re-run skips a file whose record names the same
 input, says done with the same signature and source, and whose outputs all exist; anything else is redone.
 One run writes to a folder at a time (``OUT/.tandem.lock``, held while it runs); failures are appended to
-``OUT/failures.tsv``, earlier runs' lines kept.
+``OUT/failures.tsv``, earlier runs' lines kept; the files of the folders given that are not audio are listed
+in ``OUT/skipped.tsv`` (this run's list).
 """
 
 from __future__ import annotations
@@ -181,4 +182,15 @@ class OutputTree:
         clean = lambda text: " ".join(str(text).split())  # noqa: E731  (one line, no tabs)
         new = "".join(f"{clean(display(t.path))}\t{clean(t.error)}\t{stamp}\n" for t in failed)
         write_atomic(path, old + new)
+        return path
+
+    def note_skipped(self, skipped) -> Path | None:
+        """``skipped.tsv`` (path, reason): the files of the folders given that this run found not to be audio
+        (``inputs.Skipped``); an earlier run's list is replaced, and removed when there are none."""
+        path = self.out / "skipped.tsv"
+        if not skipped:
+            path.unlink(missing_ok=True)
+            return None
+        clean = lambda text: " ".join(str(text).split())  # noqa: E731  (one line, no tabs)
+        write_atomic(path, "path\treason\n" + "".join(f"{clean(display(s.path))}\t{clean(s.reason)}\n" for s in skipped))
         return path
