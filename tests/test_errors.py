@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.errors import EXIT_USAGE, TandemError
+from pipelines.errors import EXIT_OUTPUT, EXIT_USAGE, TandemError
 
 ROOT = Path(__file__).resolve().parent.parent
 # private helpers that are exceptions but never reach a user (each caught where it is raised)
@@ -62,4 +62,23 @@ def test_errors_keep_their_builtin_base():
     assert issubclass(RegistryError, ValueError) and issubclass(DeviceError, ValueError)
     assert issubclass(ModelUnavailableError, RuntimeError) and issubclass(VadUnavailable, ImportError)
     assert RegistryError.exit_code == EXIT_USAGE
+
+
+def test_the_command_prints_one_line_and_exits_with_the_errors_code(monkeypatch, capsys):
+    """main catches TandemError once: ``tandem: <message>`` on stderr, nothing on stdout, the error's status."""
+    import pipelines.quality.sets as sets
+    from pipelines.cli import main
+
+    class DiskFull(TandemError, OSError):
+        exit_code = EXIT_OUTPUT
+
+    def full(name):
+        raise DiskFull(f"{name}: no space left on the device")
+
+    monkeypatch.setattr(sets, "set_dir", full)
+    assert main(["data", "list"]) == EXIT_OUTPUT
+    captured = capsys.readouterr()
+    first = next(iter(sets.SETS))
+    assert captured.err == f"tandem: {first}: no space left on the device\n"
+    assert captured.out == ""
 

@@ -1,5 +1,6 @@
 """The ``tandem`` command line: ``main`` parses (``parser.build_parser``), resolves the device once, runs the
-command (``commands.cmd_*``) and turns the errors users can fix into one line and exit status 2."""
+command (``commands.cmd_*``) and turns the errors users can fix (``errors.TandemError``) into one line on
+stderr and the error's exit status."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+from ..errors import EXIT_INTERRUPTED, TandemError
 from .commands import serve, ui_command
 from .parser import build_parser
 
@@ -64,33 +66,18 @@ def main(argv: list[str] | None = None) -> int:
     _line_buffered()
     args = build_parser().parse_args(argv)
     _set_threads(args.threads)
-    from ..devices import DeviceError
-
+    previous = os.environ.get("TANDEM_MODELS")
     try:
         args.device = _resolve_device(args)
-    except DeviceError as exc:
-        print(f"tandem: {exc}", file=sys.stderr)
-        return 2
-    from ..asr import LanguageError
-    from ..audio import AudioDecodeError
-    from ..distill import DistillError
-    from ..models.loading import ModelUnavailableError
-    from ..models.registry import RegistryError
-    from ..quality.regress import RegressConfigError, RegressRunError
-    from ..quality.sets import DataBuildError
-
-    previous = os.environ.get("TANDEM_MODELS")
-    if args.models:  # every registry read of the command (benchmarks, Ray actors, the app) takes this file
-        os.environ["TANDEM_MODELS"] = str(Path(args.models).resolve())
-    try:
+        if args.models:  # every registry read of the command (benchmarks, Ray actors, the app) takes this file
+            os.environ["TANDEM_MODELS"] = str(Path(args.models).resolve())
         return args.func(args)
-    except (RegistryError, ModelUnavailableError, DataBuildError, AudioDecodeError, DistillError, RegressConfigError,
-            RegressRunError, LanguageError) as exc:
+    except TandemError as exc:  # the one place the library's errors are printed: one line, the kind's status
         print(f"tandem: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     except KeyboardInterrupt:
         print("tandem: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     finally:  # main() called in-process (tests, notebooks) leaves the environment as it found it
         if previous is None:
             os.environ.pop("TANDEM_MODELS", None)

@@ -155,21 +155,18 @@ def cmd_text(args: argparse.Namespace) -> int:
     task = args.command
     registry = load_registry(args.models)
     pair = registry.get(args.pair) if args.pair else registry.default(task)
-    try:  # inputs, references and options checked before any model is loaded
-        texts = _read_texts(args)
-        if not any(t.strip() for t in texts):
-            raise TextInputError(f"the input is empty: nothing to {task} (give TEXT, --file or standard input)")
-        refs = [_read_text_file(f, "--refs").strip() for f in args.refs or []]
-        options = TextOptions(src=getattr(args, "src", None), tgt=getattr(args, "tgt", None),
-                              max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                              use_assistant=not args.no_assistant, compare=args.compare,
-                              long_input=getattr(args, "long_input", "chunk"))
-        if refs and len(refs) != len(texts):
-            raise TextInputError(f"{len(refs)} references for {len(texts)} inputs (one --refs file per input)")
-        results = run_text(pair, task, texts, options, device=args.device)
-    except TextInputError as exc:
-        print(f"tandem: {exc}", file=sys.stderr)
-        return 2
+    # inputs, references and options checked before any model is loaded (TextInputError: main prints it, exit 2)
+    texts = _read_texts(args)
+    if not any(t.strip() for t in texts):
+        raise TextInputError(f"the input is empty: nothing to {task} (give TEXT, --file or standard input)")
+    refs = [_read_text_file(f, "--refs").strip() for f in args.refs or []]
+    options = TextOptions(src=getattr(args, "src", None), tgt=getattr(args, "tgt", None),
+                          max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                          use_assistant=not args.no_assistant, compare=args.compare,
+                          long_input=getattr(args, "long_input", "chunk"))
+    if refs and len(refs) != len(texts):
+        raise TextInputError(f"{len(refs)} references for {len(texts)} inputs (one --refs file per input)")
+    results = run_text(pair, task, texts, options, device=args.device)
     for r in results:
         for note in r.notes:
             print(f"note: {note}", file=sys.stderr)
@@ -199,19 +196,15 @@ def cmd_text(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from ..engine import parse_policy
-    from ..quality.evaluation import EvalRequestError, evaluate, format_report, write_report
+    from ..quality.evaluation import evaluate, format_report, write_report
 
     try:
         policy = parse_policy(args.lookahead)
     except ValueError as e:
         print(f"tandem: {e}", file=sys.stderr)
         return 2
-    try:
-        report = evaluate(args.task, args.pair, args.set, limit=args.limit, repeats=args.repeats, dtype=args.dtype,
-                          models=args.models, policy=policy, device=args.device)
-    except EvalRequestError as e:
-        print(f"tandem: {e}", file=sys.stderr)
-        return 2
+    report = evaluate(args.task, args.pair, args.set, limit=args.limit, repeats=args.repeats, dtype=args.dtype,
+                      models=args.models, policy=policy, device=args.device)  # EvalRequestError: exit 2
     print(format_report(report))
     if args.json:
         write_report(report, args.json)
@@ -277,11 +270,7 @@ def cmd_bench_scale(args: argparse.Namespace) -> int:
     from ..scale import require_ray
     from ..scale.bench import bench_scale
 
-    try:
-        require_ray()
-    except ImportError as e:
-        print(f"tandem: {e}", file=sys.stderr)
-        return 2
+    require_ray()  # RayUnavailableError: exit 2 before anything runs
     actors = tuple(int(x) for x in args.actors.split(",") if x.strip())
     bench_scale(args.pair, args.set, args.limit, args.batch_size, actors, args.threads_per_actor, args.json)
     return 0
