@@ -27,6 +27,7 @@ from ..devices import resolve_dtype
 from ..errors import TandemError
 from ..models.pairs import check_pair
 from ..models.registry import Pair, RegistryError, a_task
+from ..paths import OutputWriteError, advice_for
 from .batching import transcribe
 from .inputs import Skipped, display, find_inputs
 from .options import TranscribeOptions, Transcript
@@ -94,7 +95,12 @@ def plan_batch(paths: Iterable[str | os.PathLike], pair: Pair, options: Transcri
             tree.open()
         except OutputError as e:
             raise BatchError(str(e)) from None
-        tree.note_skipped(not_audio)
+        try:
+            tree.note_skipped(not_audio)
+        except OutputWriteError as exc:
+            tree.close()
+            raise exc.advise(f"nothing was transcribed; {advice_for(exc.reason)} and run the same command",
+                             tree.out) from None
     files = tuple(i.path for i in inputs)
     return BatchJob(pair, options, files, pending(files, tree), tree, tuple(collisions), tuple(not_audio))
 
@@ -118,29 +124,41 @@ def run_batch(job: BatchJob, source: Iterable[Transcript] | None = None,
               on_result: Callable[[Transcript], None] | None = None) -> BatchRun:
     """Write each Transcript of ``source`` (default: ``transcribe_in_process(job)``) as it arrives, then
     append the failures to ``failures.tsv`` and release the output folder. Ctrl-C stops the run cleanly:
-    what was written is kept and a second run resumes after it."""
+    what was written is kept and a second run resumes after it. An output that cannot be written (a full disk,
+    a quota, a read-only or vanished folder) stops the run the same way and raises OutputWriteError: "no space
+    left on OUT: 9 of 12 files finished and kept; free space and run the same command to resume"."""
     source = transcribe_in_process(job) if source is None else source
     results: list[Transcript] = []
     start = time.perf_counter()
-    interrupted = False
+    interrupted, lost, kept = False, None, len(job.files) - len(job.todo)
     try:
         for result in source:
             results.append(result)
             if job.tree:
-                job.tree.write(result)
+                job.tree.write(result)  # outputs, then the record: a file cut short is redone by the next run
+                kept += result.ok
             if on_result:
                 on_result(result)
     except KeyboardInterrupt:
         interrupted = True
+    except OutputWriteError as exc:
+        lost = exc
     finally:
         close = getattr(source, "close", None)
         if close:
             close()  # a generator's cleanup (a Ray run shuts its actor pool down)
         failed = [r for r in results if not r.ok]
         if job.tree:
-            if failed:
-                job.tree.add_failures(failed)
-            job.tree.close()
+            try:
+                if failed:
+                    job.tree.add_failures(failed)
+            except OutputWriteError as exc:
+                lost = lost or exc
+            finally:
+                job.tree.close()
+    if lost is not None:
+        raise lost.advise(f"{kept} of {len(job.files)} files finished and kept; {advice_for(lost.reason)} and run "
+                          "the same command to resume", job.tree.out) from None
     return BatchRun(tuple(results), len(job.files) - len(job.todo), time.perf_counter() - start, interrupted)
 
 

@@ -118,8 +118,11 @@ class OutputTree:
             holder = os.pread(fd, 400, 0).decode("utf-8", "replace").strip() or "another run"
             os.close(fd)
             raise OutputError(f"--out {out} is in use by {holder}; wait for it to finish or choose another folder") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"tandem run pid {os.getpid()} started {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+        try:  # who holds it, for a second run's message; a full disk leaves it empty (the lock itself holds)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"tandem run pid {os.getpid()} started {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+        except OSError:
+            pass
         self._lock_fd = fd
 
     def close(self) -> None:

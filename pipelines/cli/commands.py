@@ -277,6 +277,7 @@ def cmd_bench_scale(args: argparse.Namespace) -> int:
 
 
 def cmd_distill(args: argparse.Namespace) -> int:
+    from ..paths import output_guard
     from ..distill import DistillOptions, corpus_labelled, curve_options, distill
     from ..distill.options import parse_shards
 
@@ -287,7 +288,9 @@ def cmd_distill(args: argparse.Namespace) -> int:
                           device=args.device, corpus=Path(args.corpus) if args.corpus else None,
                           label_only=args.label_only, steps=args.steps, curve=parse_sizes(args.curve),
                           drafter=args.drafter, heads=args.heads, shards=parse_shards(args.shards), start=args.start)
-    folder = distill(opts)
+    keep = "what was finished is kept; free space and go on with the same command and --resume"
+    with output_guard(opts.out, keep):
+        folder = distill(opts)  # shards, checkpoints, the card: a full disk is one line (OutputWriteError)
     if folder is None and opts.label_only and corpus_labelled(curve_options(opts)):
         print(f"labelled: {opts.clips} training items and the held-out shard in {args.out}")
         return 0
@@ -317,14 +320,15 @@ def parse_sizes(text: str | None) -> tuple[int, ...]:
 
 
 def cmd_regress(args: argparse.Namespace) -> int:
-    from ..paths import PROJECT_ROOT
+    from ..paths import PROJECT_ROOT, output_guard
     from ..quality.regress import accept, load_config, regress
 
     config = load_config(args.config or PROJECT_ROOT / "data" / "nightly.yaml")
-    if args.accept is not None:
-        print(accept(config, args.accept))
-        return 0
-    run_id, findings, notes, report = regress(config, pin=args.pin, device=args.device)
+    with output_guard(config.out):  # the history (SQLite) and the report: a full disk is one line
+        if args.accept is not None:
+            print(accept(config, args.accept))
+            return 0
+        run_id, findings, notes, report = regress(config, pin=args.pin, device=args.device)
     for line in notes:
         print(line, file=sys.stderr)
     for f in findings:

@@ -38,15 +38,19 @@ def write_shard(out: Path, shard: int | str, hidden, mask, items, prompts, label
     tmp = final.with_name(final.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    np.save(tmp / "enc.npy", hidden)
-    if mask is not None:
-        np.save(tmp / "mask.npy", mask)
-    np.save(tmp / "topk_ids.npy", topk_ids)
-    np.save(tmp / "topk_lp.npy", topk_lp)
-    meta = [{"kind": it["kind"], "text": it["text"], "voice": it.get("voice"), "prompt": p, "labels": y,
-             **({"sentences": [list(r) for r in it["recipe"].sentences]} if "recipe" in it else {})}
-            for it, p, y in zip(items, prompts, labels)]
-    (tmp / "items.json").write_text(json.dumps(meta))
+    try:
+        np.save(tmp / "enc.npy", hidden)
+        if mask is not None:
+            np.save(tmp / "mask.npy", mask)
+        np.save(tmp / "topk_ids.npy", topk_ids)
+        np.save(tmp / "topk_lp.npy", topk_lp)
+        meta = [{"kind": it["kind"], "text": it["text"], "voice": it.get("voice"), "prompt": p, "labels": y,
+                 **({"sentences": [list(r) for r in it["recipe"].sentences]} if "recipe" in it else {})}
+                for it, p, y in zip(items, prompts, labels)]
+        (tmp / "items.json").write_text(json.dumps(meta))
+    except BaseException:  # a full disk: the half-written shard goes, so its space is free again
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
 

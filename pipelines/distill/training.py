@@ -80,8 +80,12 @@ def _save_checkpoint(path: Path, state: dict) -> None:
     import torch
 
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: no half-written checkpoint left behind, the last whole one kept
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def rounded(h: HeldOut) -> dict:
