@@ -82,3 +82,12 @@ def test_the_command_prints_one_line_and_exits_with_the_errors_code(monkeypatch,
     assert captured.err == f"tandem: {first}: no space left on the device\n"
     assert captured.out == ""
 
+
+
+def test_transcribe_raises_and_the_command_prints(capsys):
+    """run_transcribe raises for a run that cannot start (a bad option value here); main prints one line, exit 2."""
+    from pipelines.cli import main
+
+    assert main(["transcribe", "no-such-file.wav", "--lookahead", "sideways"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("tandem: unknown lookahead policy 'sideways'") and err.count("\n") == 1, err

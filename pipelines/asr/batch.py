@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from ..devices import resolve_dtype
 from ..errors import TandemError
 from ..models.pairs import check_pair
-from ..models.registry import Pair, RegistryError, a_task
+from ..models.registry import Pair, a_task
 from ..paths import OutputWriteError, advice_for
 from .batching import transcribe
 from .inputs import Skipped, display, find_inputs
@@ -298,8 +298,9 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
                    long_form: str = "sequential", lookahead: str = "adaptive", safeguards: dict | None = None,
                    ray: RayOptions | None = None, device: str = "cpu") -> int:
     """``tandem transcribe``: plan, decode (in this process, or on Ray with ``ray``) on ``device`` ("cpu",
-    "cuda:0": devices.resolve_device), print; the exit status (0 all done, 1 some failed, 2 the run could not
-    start, 130 interrupted)."""
+    "cuda:0": devices.resolve_device), print; the exit status (0 all done, 1 some failed, 130 interrupted).
+    A run that cannot start raises a TandemError (BatchError for a bad option value or an unreachable Ray
+    cluster), which the command prints (exit 2)."""
     from ..models.registry import load_registry
 
     registry = load_registry(models)
@@ -307,23 +308,21 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
     try:
         options = _options(language, task, dtype, use_assistant, compare, out, formats, batch_size, timestamps,
                            long_form, lookahead, safeguards, device)
-        if ray:
-            from ..scale import require_ray
+    except ValueError as e:  # --batch-size, --lookahead, a safeguard's value
+        raise BatchError(str(e)) from None
+    if ray:
+        from ..scale import require_ray
 
-            require_ray()  # a missing extra is known before the output folder is taken
-        require_vad(options.vad_filter)  # likewise
-        refs = load_refs(refs_manifest)
-        check_pair(pair)
-        preflight_language(pair, options)
-        job = plan_batch(paths, pair, options, out, formats)
-    except (ValueError, BatchError, ImportError, RegistryError) as e:
-        print(f"tandem: {e}", file=sys.stderr)
-        return 2
+        require_ray()  # a missing extra is known before the output folder is taken
+    require_vad(options.vad_filter)  # likewise
+    refs = load_refs(refs_manifest)
+    check_pair(pair)
+    preflight_language(pair, options)
+    job = plan_batch(paths, pair, options, out, formats)
     try:
         return _report(job, ray, quiet, refs, out)
     except ConnectionError as e:  # ray.init: no cluster answers at the address given
-        print(f"tandem: cannot join the Ray cluster at {ray.address if ray else '?'}: {e}", file=sys.stderr)
-        return 2
+        raise BatchError(f"cannot join the Ray cluster at {ray.address if ray else '?'}: {e}") from e
 
 
 def _report(job: BatchJob, ray: RayOptions | None, quiet: bool, refs: dict[str, str], out: str | None) -> int:
