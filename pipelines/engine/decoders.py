@@ -5,7 +5,8 @@ ragged cache (``cache.RaggedCache``: per-row true positions and a 4-D mask that 
 ``position_ids`` natively; the BART family (BART, mBART, Marian, M2M100/NLLB, Pegasus) computes its position
 embeddings from the cache length, so its adapter embeds tokens and positions itself and then calls the
 family's decoder layers; T5's relative position bias is computed from each slot's true position. Whisper has
-adapters of its own (``whisper``): a fixed-shape main decoder and a lean draft decoder.
+adapters of its own (``whisper``): a fixed-shape main decoder and a lean draft decoder. ``families.as_decoder``
+picks the adapter for a model.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 
 from .cache import EncoderOutput, RaggedCache, additive_mask
 
-__all__ = ["Decoder", "EncoderOutput", "RaggedCache", "as_decoder"]
+__all__ = ["Decoder", "EncoderOutput", "RaggedCache"]
 
 
 def _encoder_mask(enc: EncoderOutput, n: int, dtype: torch.dtype) -> torch.Tensor | None:
@@ -186,28 +187,3 @@ class T5Decoder(Decoder):
             hidden = hidden * (self.model.model_dim ** -0.5)
         return self.model.lm_head(hidden)
 
-
-BART_FAMILY = ("bart", "mbart", "marian", "m2m_100", "pegasus", "nllb")
-
-
-def as_decoder(model, assistant: bool = False, int8: bool = False) -> Decoder:
-    """The adapter for ``model``'s family; unknown families are refused with the list of known ones.
-    ``assistant``: the model only drafts, so a lean forward may serve it (Whisper; Llama-layout causal LMs
-    when ``int8``), with int8 weights when ``int8`` (and the CPU supports them)."""
-    kind = model.config.model_type
-    if kind == "whisper":
-        from .whisper import WhisperDecoder, WhisperDraftDecoder
-
-        return WhisperDraftDecoder(model, int8) if assistant else WhisperDecoder(model)
-    if kind in BART_FAMILY:
-        return BartFamilyDecoder(model)
-    if kind in ("t5", "mt5"):
-        return T5Decoder(model)
-    if not model.config.is_encoder_decoder:
-        from .causal import FixedCausalDecoder, fits
-        from .causal_draft import CausalDraftDecoder, can_draft
-
-        if assistant:
-            return CausalDraftDecoder(model) if int8 and can_draft(model) else CausalDecoder(model)
-        return FixedCausalDecoder(model) if fits(model.config) else CausalDecoder(model)
-    raise TypeError(f"no engine adapter for {kind!r} encoder-decoder models (known: whisper, t5, mt5, {', '.join(BART_FAMILY)})")
