@@ -75,8 +75,13 @@ class TextResult:
     seconds: float
     plain_seconds: float | None = None
     identical: bool | None = None
-    notes: tuple[str, ...] = ()  # what was done to the input (chunking, truncation)
+    notes: tuple[str, ...] = ()  # what was done to the input (chunking, truncation) and to the output (cut)
     accepted_hist: dict[int, int] = field(default_factory=dict)  # accepted drafts per round -> rounds
+    # "length" when a limit cut the text: a row stopped at max_new_tokens before its end of sequence, or the
+    # input was truncated to the model's window (long_input="truncate"); "stop" otherwise (OpenAI's and
+    # transformers' names)
+    finish_reason: str = "stop"
+    cut_rows: int = 0  # rows (sentences, chunks) that stopped at max_new_tokens
 
 
 def split_sentences(text: str) -> list[list[str]]:
@@ -145,7 +150,7 @@ class TextRunner:
         is called after each batch."""
         import torch
 
-        max_new = options.max_new_tokens if options.max_new_tokens is not None else (self.gen.max_length if self.gen.max_length and self.gen.max_length != 20 else 256)
+        max_new = self._max_new(options)
         rules = rules_from_generation_config(self.gen, len(prompt) if prompt else max(map(len, sources)), max_new)
         engine = self.loaded.engine if options.use_assistant else self.loaded.plain
         pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
@@ -175,6 +180,20 @@ class TextRunner:
         return outputs, stats, (plain_s if options.compare and options.use_assistant else None), \
             (identical if options.compare and options.use_assistant else None)
 
+    def _max_new(self, options: TextOptions) -> int:
+        """Tokens a row may emit: --max-new-tokens, else the model's max_length (when set), else 256."""
+        if options.max_new_tokens is not None:
+            return options.max_new_tokens
+        return self.gen.max_length if self.gen.max_length and self.gen.max_length != 20 else 256
+
+    def _cut_rows(self, outs: list[list[int]], options: TextOptions) -> int:
+        """Rows that stopped at the token limit rather than at an end of sequence (the engine's rows keep
+        the EOS they emitted)."""
+        eos = self.gen.eos_token_id
+        eos = set(eos) if isinstance(eos, (list, tuple)) else {eos}
+        limit = self._max_new(options)
+        return sum(1 for o in outs if len(o) >= limit and (not o or o[-1] not in eos))
+
     def _text(self, tokens: list[int]) -> str:
         return self.tok.decode(tokens, skip_special_tokens=True).strip()
 
@@ -185,11 +204,21 @@ class TextRunner:
         if len(text) > MAX_INPUT_CHARS:
             raise TextInputError(f"the input has {len(text):,} characters; the limit is {MAX_INPUT_CHARS:,}")
 
-    def _result(self, text, output, rows, outs, stats, plain_s, identical, notes=()) -> TextResult:
+    def _result(self, text, output, rows, outs, stats, plain_s, identical, options: TextOptions, notes=(),
+                input_cut: bool = False) -> TextResult:
+        """The result, its finish_reason "length" (with a note) when a row stopped at the token limit or the
+        input was truncated (``input_cut``)."""
+        cut = self._cut_rows(outs, options)
+        notes = list(notes)
+        if cut:
+            notes.append(f"output cut by the token limit ({self._max_new(options)} new tokens"
+                         + (" per row" if rows > 1 else "") + (f"; {cut} of {rows} rows" if rows > 1 else "")
+                         + "): finish_reason length; raise --max-new-tokens for the whole text")
         return TextResult(
             text, output, rows, sum(len(o) for o in outs), sum(s.row_calls for s in stats),
             sum(s.drafted for s in stats), sum(s.accepted for s in stats), sum(s.total_s for s in stats),
             plain_s, identical, tuple(notes), dict(sum((Counter(s.accepted_hist) for s in stats), Counter())),
+            "length" if cut or input_cut else "stop", cut,
         )
 
     # -- the tasks
@@ -209,7 +238,7 @@ class TextRunner:
                                                            self._prompt(tgt_id), options, progress)
         it = iter(self._text(o) for o in outs)
         output = "\n\n".join(" ".join(next(it) for _ in p) for p in paragraphs)
-        return self._result(text, output, len(flat), outs, stats, plain_s, identical)
+        return self._result(text, output, len(flat), outs, stats, plain_s, identical, options)
 
     def summarize(self, text: str, options: TextOptions = TextOptions(),
                   progress: Callable[[int, int], None] | None = None) -> TextResult:
@@ -224,7 +253,8 @@ class TextRunner:
         else:
             outs, stats, plain_s, identical = self._decode(sources, self._prompt(None), options, progress)
         output = " ".join(self._text(o) for o in outs)
-        return self._result(text, output, len(sources), outs, stats, plain_s, identical, notes)
+        input_cut = bool(notes) and options.long_input == "truncate"  # a note: longer than the window
+        return self._result(text, output, len(sources), outs, stats, plain_s, identical, options, notes, input_cut)
 
     def chat_prompts(self, task: str, text: str, options: TextOptions = TextOptions()) -> list[list[int]]:
         """A chat pair's decoder prompts for ``text``, one per row, exactly as ``translate``/``summarize`` decode

@@ -165,6 +165,9 @@ def show_transcript(pair: Pair, result: Transcript, stem: str, reference: str) -
                 f"{result.dropped} dropped as repetitive or unlikely)" if result.skipped or result.dropped else " (silence)."))
     elif result.retried:
         st.caption(f"{result.retried} window(s) were decoded again at a higher temperature (Whisper's fallback).")
+    if result.finish_reason == "length":
+        st.warning(f"Cut by the token limit: {result.cut} window(s) stopped before their end (finish_reason "
+                   "length); the text of those windows is incomplete.")
     copyable("Transcript", result.text, key="asr_output", height=140)
     show_downloads(result, stem)
     if result.duration:

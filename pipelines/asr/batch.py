@@ -243,7 +243,9 @@ def _progress(bar, start: float) -> Callable[[Transcript], None]:
 
     def show(result: Transcript) -> None:
         name = display(Path(result.path).name)
-        bar.write(f"{name}  [{result.duration:.1f} s audio]  {result.text}" if result.ok else f"{name}  FAILED: {result.error}")
+        cut = f"  [cut by the token limit in {result.cut} window(s): finish_reason length]" if result.cut else ""
+        bar.write(f"{name}  [{result.duration:.1f} s audio]  {result.text}{cut}" if result.ok
+                  else f"{name}  FAILED: {result.error}")
         audio[0] += result.duration
         bar.set_postfix(audio=f"{audio[0]:.0f}s", rtf=f"{(time.perf_counter() - start) / max(audio[0], 1e-9):.3f}")
         bar.update(1)
@@ -284,6 +286,10 @@ def summary_lines(run: BatchRun, job: BatchJob, refs: dict[str, str], out: str |
     if scored:
         score = wer([h for h, _ in scored], [r for _, r in scored], language=job.options.language or "en")
         lines.append(f"  WER:             {100 * score.value:.2f}% on {score.n} files  [{score.signature}]")
+    cut = [r for r in good if r.cut]
+    if cut:
+        lines.append(f"  cut:             {sum(r.cut for r in cut)} window(s) in {len(cut)} file(s) stopped at the "
+                     "token limit before their end (finish_reason length in their json)")
     if job.not_audio:
         lines.append("  " + skipped_line(job.not_audio, display(Path(out) / "skipped.tsv") if job.tree else None))
     if run.failed and job.tree:

@@ -48,6 +48,7 @@ class _Cursor:
     skipped: int = 0
     dropped: int = 0
     hist: Counter = field(default_factory=Counter)  # accepted drafts per round -> rounds
+    cut: int = 0  # windows whose kept decode stopped at max_new_tokens, not at end of text
     leftovers: list[tuple[int, np.ndarray]] = field(default_factory=list)  # chunked: (start, samples) to redo
 
 
@@ -63,7 +64,7 @@ def _finish(cur: _Cursor, compare: bool) -> Transcript:
         str(cur.path), text, cur.reader.known_length / SAMPLE_RATE, cur.seconds, None, tuple(cur.segments),
         cur.language, cur.tokens, cur.main_calls, cur.drafted, cur.accepted, cur.decode_seconds,
         cur.plain_seconds if compare else None, cur.identical if compare else None, cur.retried, cur.skipped, cur.dropped,
-        dict(sorted(cur.hist.items())),
+        dict(sorted(cur.hist.items())), cur.cut, "length" if cur.cut else "stop",
     )
 
 
@@ -161,6 +162,8 @@ def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptio
             cur.skipped += verdict.skipped
             cur.dropped += verdict.dropped
             tokens = [t for t in verdict.tokens if t != eot]
+            kept = not (verdict.skipped or verdict.dropped)
+            cur.cut += kept and eot not in verdict.tokens and len(verdict.tokens) >= options.max_new_tokens
             offset = start / SAMPLE_RATE
             length = len(audio) / SAMPLE_RATE
             if verdict.skipped or verdict.dropped:

@@ -83,6 +83,8 @@ class Transcript:
     dropped: int = 0  # windows dropped: still repetitive or unlikely at the last temperature
     accepted_hist: dict[int, int] = field(default_factory=dict)  # drafts accepted in a round -> rounds (of the
     #                                                              batches the file took part in; exact for one file)
+    cut: int = 0  # windows whose text stopped at the token limit (max_new_tokens, Whisper's 448 positions)
+    finish_reason: str = "stop"  # "length" when a window was cut so (OpenAI's and transformers' name), else "stop"
 
     @property
     def ok(self) -> bool:
