@@ -93,8 +93,11 @@ def _safeguards(args: argparse.Namespace) -> dict:
 
 
 def cmd_transcribe(args: argparse.Namespace) -> int:
-    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
     from ..asr.outputs import FORMATS
+
+    # -f all: every format, as whisper's --output_format all
+    formats = tuple(f.strip().lower() for f in args.formats.split(",") if f.strip())
+    formats = FORMATS if formats == ("all",) else formats
 
     bad = [f for f in formats if f not in FORMATS]
     if bad:
@@ -196,14 +199,15 @@ def cmd_text(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from ..engine import parse_policy
-    from ..quality.evaluation import evaluate, format_report, write_report
+    from ..quality.evaluation import evaluate, format_report, task_of_set, write_report
 
     try:
         policy = parse_policy(args.lookahead)
     except ValueError as e:
         print(f"tandem: {e}", file=sys.stderr)
         return 2
-    report = evaluate(args.task, args.pair, args.set, limit=args.limit, repeats=args.repeats, dtype=args.dtype,
+    task = getattr(args, "task", None) or task_of_set(args.set)  # --task: the older spelling
+    report = evaluate(task, args.pair, args.set, limit=args.limit, repeats=args.repeats, dtype=args.dtype,
                       models=args.models, policy=policy, device=args.device)  # EvalRequestError: exit 2
     print(format_report(report))
     if args.json:
@@ -261,8 +265,10 @@ def cmd_bench_shapes(args: argparse.Namespace) -> int:
 
 def cmd_bench_text(args: argparse.Namespace) -> int:
     from ..quality.bench_text import bench_text
+    from ..quality.evaluation import task_of_set
 
-    bench_text(args.task, args.pair, args.limit, args.max_new_tokens, args.json, device=args.device)
+    task = getattr(args, "task", None) or task_of_set(args.set)  # --task: the older spelling
+    bench_text(task, args.pair, args.limit, args.max_new_tokens, args.json, device=args.device)
     return 0
 
 

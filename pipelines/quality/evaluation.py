@@ -130,6 +130,15 @@ class EvalRequestError(TandemError, ValueError):
 SET_TASKS = {"speech": "asr", "translate": "translate", "summarize": "summarize"}  # set name prefix -> task
 
 
+def task_of_set(set_name: str) -> str:
+    """The task a set is for, from its name's prefix (``speech-real`` -> ``asr``); EvalRequestError for a name
+    that names none."""
+    task = SET_TASKS.get(set_name.split("-")[0])
+    if task is None:
+        raise EvalRequestError(f"set {set_name!r} names no task: speech-*, translate-* or summarize-*")
+    return task
+
+
 def check_request(task: str, pair, set_name: str | None) -> None:
     """EvalRequestError unless ``pair`` (a registry Pair) and the built set ``set_name`` (None: items given) are
     both of ``task``; checked before anything is built or loaded."""

@@ -31,6 +31,12 @@ class Finding:
     line: str  # one line, naming the evaluation and the figures
 
 
+def tokens_per_call(report: dict | None) -> float | None:
+    """An evaluation report's tokens per main-model call (1 / its calls_per_token); None when it has none."""
+    cpt = report.get("calls_per_token") if report else None
+    return 1.0 / cpt if cpt else None
+
+
 def machine_of(report: dict) -> dict:
     env = report.get("environment") or {}
     return {k: env.get(k) for k in MACHINE_FIELDS}
@@ -80,8 +86,6 @@ def store_run(db: sqlite3.Connection, started: str, config: str, commit: str | N
               notes: list[str], baselines: dict[str, int], results: dict[str, dict]) -> int:
     """One transaction: the run and its evaluations. A run with no regression is accepted (it becomes the
     baseline of its evaluations)."""
-    from .regress import tokens_per_call
-
     with db:
         cur = db.execute(
             "INSERT INTO runs (started, config, git_commit, status, accepted, baseline, findings, notes, baselines) "
@@ -142,8 +146,6 @@ def plot_series(key: str, points: list[tuple[int, dict]]) -> bytes:
 
 
 def _row(key: str, now: dict, base: dict | None, base_id: int | None) -> list[str]:
-    from .regress import tokens_per_call
-
     q = ", ".join(f"{k} {v['value']:.4f}" for k, v in now["quality"]["assisted"].items())
     bq = ", ".join(f"{k} {v['value']:.4f}" for k, v in base["quality"]["assisted"].items()) if base else "-"
     tpc, btpc = tokens_per_call(now), tokens_per_call(base) if base else None

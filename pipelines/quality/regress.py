@@ -50,7 +50,17 @@ from pathlib import Path
 from ..errors import TandemError
 from ..models.registry import a_task, read_yaml
 from .evaluation import SET_TASKS
-from .history import Finding, accept_run, baselines_for, heal_report, machine_of, open_history, render_report, store_run
+from .history import (
+    Finding,
+    accept_run,
+    baselines_for,
+    heal_report,
+    machine_of,
+    open_history,
+    render_report,
+    store_run,
+    tokens_per_call,
+)
 
 LOWER_IS_BETTER = {"wer", "cer"}
 METRICS = ("wer", "cer", "bleu", "chrf", "rouge1", "rouge2", "rougeL", "rougeLsum")
@@ -256,11 +266,6 @@ def load_config(path: str | Path) -> Config:
 
 # ----------------------------------------------------------------------------------------------------
 # Comparison
-
-
-def tokens_per_call(report: dict | None) -> float | None:
-    cpt = report.get("calls_per_token") if report else None
-    return 1.0 / cpt if cpt else None
 
 
 def _spread(values: list[float]) -> float | None:

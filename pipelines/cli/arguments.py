@@ -1,0 +1,117 @@
+"""The argument types and the options several ``tandem`` commands share, so that one option name means one
+thing everywhere and each default is said in ``--help`` the same way (``HelpFormatter``).
+
+The primary spellings are the ecosystem's (openai/whisper's ``--model``, ``--output_dir``/``--output-dir``
+and ``--output_format``; vLLM's ``--model``); Tandem's older spellings (``--pair``, ``--out``, ``--formats``,
+``--json``) keep working as aliases of the same option.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's defaults formatter, less the defaults that say nothing: an option whose default is None or
+    False (a flag, or a default decided later, which its help then explains) gets no "(default: ...)"."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False) or "%(default)" in (action.help or "") or "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def whole_number(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``low`` (to ``high``), else an argument error saying the range."""
+    bounds = f"from {low}" + (f" to {high}" if high is not None else "")
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"expected a whole number {bounds}, not {text!r}")
+        return value
+
+    return parse
+
+
+count = whole_number(1)  # a count (items, repeats, rows, tokens, threads, a batch)
+port = whole_number(1, 65535)  # a TCP port
+
+
+def positive(text: str) -> float:
+    """A positive number from the command line (epochs, a learning rate, minutes)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number above 0, not {text!r}")
+    return value
+
+
+def threshold(text: str) -> float | None:
+    """A threshold from the command line: a number, or 'off' (None: the check is off)."""
+    if text.lower() in ("off", "none"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'off', not {text!r}") from None
+
+
+def temperatures(text: str) -> tuple[float, ...]:
+    """Comma-separated temperatures (Whisper's fallback schedule), e.g. ``0,0.2,0.4``."""
+    try:
+        return tuple(float(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, not {text!r}") from None
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+LOOKAHEAD_HELP = ("drafts per round: adaptive, constant:N, heuristic:N, confidence, random:SEED (a seeded random "
+                  "schedule, to check that outputs do not depend on it)")
+DEVICE_HELP = ("where the models run: auto (a CUDA GPU when there is one, else the CPU), cpu, cuda or cuda:N "
+               "(default: $TANDEM_DEVICE, else auto); on CUDA the dtype defaults to bfloat16 (float16 where "
+               "bfloat16 is not supported)")
+DEVICE_PARENT = argparse.ArgumentParser(add_help=False)
+DEVICE_PARENT.add_argument("--device", metavar="DEVICE", default=argparse.SUPPRESS, help=DEVICE_HELP)
+
+
+def add_command(subparsers, name: str, **kwargs) -> argparse.ArgumentParser:
+    """A subcommand with the shared help formatter; it takes --device after its name too (tandem transcribe
+    --device cuda = tandem --device cuda transcribe; given after the name, it wins)."""
+    return subparsers.add_parser(name, parents=[DEVICE_PARENT], formatter_class=HelpFormatter, **kwargs)
+
+
+def add_alias(parser: argparse.ArgumentParser, *names: str, dest: str, **kwargs) -> None:
+    """Older or other spellings of an option, kept working but left out of ``--help`` (the option they stand
+    for is listed under its primary name)."""
+    parser.add_argument(*names, dest=dest, help=argparse.SUPPRESS, default=argparse.SUPPRESS, **kwargs)
+
+
+def add_model(parser: argparse.ArgumentParser, what: str, *, required: bool = False,
+              default: str | None = None) -> None:
+    """``-m/--model NAME`` (alias ``--pair``): a pair from the registry (``models.yaml``), into ``args.pair``."""
+    parser.add_argument("-m", "--model", "--pair", dest="pair", metavar="NAME", required=required, default=default,
+                        help=what)
+
+
+def add_dtype(parser: argparse.ArgumentParser, what: str = "compute dtype (default: the pair's)") -> None:
+    """``--dtype`` with the dtypes the engine offers."""
+    parser.add_argument("--dtype", choices=DTYPES, help=what)
+
+
+def add_report(parser: argparse.ArgumentParser, default: str | None, what: str = "write the figures (JSON) here") -> None:
+    """``--report FILE`` (alias ``--json FILE``): where a benchmark or evaluation writes its JSON, into
+    ``args.json``. (``--json`` in ``gh`` and ``llm`` picks an output format; here it is an old spelling.)"""
+    parser.add_argument("--report", dest="json", metavar="FILE", default=default, help=what)
+    add_alias(parser, "--json", dest="json", metavar="FILE")
+
+
+def add_lookahead(parser: argparse.ArgumentParser) -> None:
+    """``--lookahead POLICY[:N]``: the draft schedule (``engine.parse_policy`` reads it)."""
+    parser.add_argument("--lookahead", default="adaptive", metavar="POLICY[:N]", help=LOOKAHEAD_HELP)
