@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import tempfile
+from importlib import resources
 from pathlib import Path
 
 from .. import paths
@@ -20,6 +21,19 @@ WEIGHTS = "model.safetensors"
 
 class EmbeddedModelError(TandemError, RuntimeError):
     """An embedded model cannot be had: its package is missing or its bytes are not the pinned ones."""
+
+
+def package_file(package: str, inner: str) -> Path:
+    """The file or folder ``inner`` of installed package ``package`` (a part of an embedded model's weights).
+    Raises EmbeddedModelError naming the package when it is missing or lacks that path."""
+    try:
+        root = resources.files(package)
+    except ModuleNotFoundError:
+        raise EmbeddedModelError(f"package {package!r} is not installed") from None
+    path = Path(str(root.joinpath(inner)))
+    if not path.is_file() and not path.is_dir():
+        raise EmbeddedModelError(f"package {package!r} lacks {inner!r}")
+    return path
 
 
 def file_sha256(path: Path) -> str:

