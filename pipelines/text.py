@@ -325,8 +325,8 @@ def check_language(pair: Pair, code: str | None, which: str) -> str | None:
 def check_request(pair: Pair, task: str, texts: list[str], options: TextOptions) -> None:
     """What can be known before the pair loads: its task, every input (not empty, within MAX_INPUT_CHARS; with
     several inputs the message names which) and, for translation, the languages. TextInputError otherwise."""
-    if pair.task != task:
-        raise TextInputError(f"pair {pair.name!r} is {a_task(pair.task)} pair, not {a_task(task)} pair")
+    if wrong := pair.task_mismatch(task):
+        raise TextInputError(f"pair {pair.name!r} is {wrong}")
     if not texts:
         raise TextInputError(f"the input is empty: nothing to {task}")
     for n, text in enumerate(texts, 1):

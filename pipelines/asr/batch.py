@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from ..devices import resolve_dtype
 from ..errors import TandemError
 from ..models.pairs import check_pair
-from ..models.registry import Pair, a_task
+from ..models.registry import Pair
 from ..paths import OutputWriteError, advice_for
 from .batching import transcribe
 from .inputs import Skipped, display, find_inputs
@@ -80,8 +80,8 @@ def plan_batch(paths: Iterable[str | os.PathLike], pair: Pair, options: Transcri
     """Expand ``paths`` (files, folders searched recursively, globs), open ``out`` and decide what is left.
     Raises BatchError before any model loads; the returned job holds the output folder's lock."""
     paths = [os.fspath(p) for p in paths]
-    if pair.task != "asr":
-        raise BatchError(f"pair {pair.name!r} is {a_task(pair.task)} pair, not an asr pair")
+    if wrong := pair.task_mismatch("asr"):
+        raise BatchError(f"pair {pair.name!r} is {wrong}")
     missing = [p for p in paths if not any(ch in p for ch in "*?[") and not os.path.lexists(p)]
     if missing:
         raise BatchError(f"no such file or folder: {display(missing[0])}")

@@ -58,6 +58,11 @@ class Pair:
     def uses_assistant(self) -> bool:
         return self.draft != "none"
 
+    def task_mismatch(self, task: str) -> str | None:
+        """None when the pair serves ``task``; else what it is instead, as messages say it: "a translate pair,
+        not an asr pair"."""
+        return None if self.task == task else f"{a_task(self.task)} pair, not {a_task(task)} pair"
+
 
 def missing_offline(pair: Pair) -> list[ModelRef]:
     """The pair's models (main, then assistant) that cannot be loaded offline now."""

@@ -145,8 +145,8 @@ def check_request(task: str, pair, set_name: str | None) -> None:
     from ..models.registry import a_task
     from .sets import SETS
 
-    if pair.task != task:
-        raise EvalRequestError(f"pair {pair.name!r} is {a_task(pair.task)} pair, not {a_task(task)} pair")
+    if wrong := pair.task_mismatch(task):
+        raise EvalRequestError(f"pair {pair.name!r} is {wrong}")
     if set_name is not None and set_name in SETS and SET_TASKS.get(set_name.split("-")[0]) != task:
         raise EvalRequestError(f"set {set_name!r} is not {a_task(task)} set (--task {task})")
 

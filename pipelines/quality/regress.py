@@ -200,8 +200,8 @@ def _check_pairs_and_sets(path: Path, models: str | None, runs: list[EvalSpec]) 
             pair = registry.get(spec.pair)
         except (RegistryError, KeyError) as exc:
             raise _fail(path, f"runs[{i}].pair", str(exc).strip("'\"")) from None
-        if pair.task != spec.task:
-            raise _fail(path, f"runs[{i}].pair", f"{spec.pair!r} is {a_task(pair.task)} pair, not {a_task(spec.task)} pair")
+        if wrong := pair.task_mismatch(spec.task):
+            raise _fail(path, f"runs[{i}].pair", f"{spec.pair!r} is {wrong}")
         if spec.set not in SETS:
             raise _fail(path, f"runs[{i}].set", f"unknown set {spec.set!r} (known: {', '.join(SETS)})")
         if SET_TASKS.get(spec.set.split("-")[0]) != spec.task:
