@@ -25,6 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..models.loading import ModelRef
+from .corpus import default_corpus
 from .heldout import FORTUNES, build_fortunes
 from .options import HELDOUT_SHARD, TOPK, DistillError, DistillOptions, HeldOut
 from .shards import Shard, build_features, grow_corpus, read_shard, shard_done
@@ -96,13 +97,6 @@ def labelling_teacher(ref: ModelRef, dtype: str, device: str, log=print) -> Teac
             log(f"new labels are decoded with pair {drafting.name!r}'s assistant drafting (equal to plain greedy decoding's)")
             return teacher
     return Teacher(ref, dtype, device)
-
-
-def default_corpus(ref: ModelRef) -> Path:
-    """Where the repository keeps a main model's labelled corpus: data/distill/<model name>."""
-    from ..paths import PROJECT_ROOT
-
-    return PROJECT_ROOT / "data" / "distill" / re.sub(r"[^\w.-]+", "-", Path(ref.id).name)
 
 
 def text_items(shard: int, size: int, lines: list[str], heldout_pool: int, seed: int) -> list[dict]:

@@ -24,14 +24,22 @@ import gzip
 import hashlib
 import json
 import os
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import TandemError
+from ..models.loading import ModelRef
+from ..paths import PROJECT_ROOT
 from .speech import Recipe
 
 FORMAT = 1
+
+
+def default_corpus(ref: ModelRef) -> Path:
+    """Where the repository keeps a main model's labelled corpus: data/distill/<model name>."""
+    return PROJECT_ROOT / "data" / "distill" / re.sub(r"[^\w.-]+", "-", Path(ref.id).name)
 
 
 class CorpusError(TandemError, RuntimeError):

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..paths import write_atomic
-from .options import HELDOUT_SHARD, DistillError, DistillOptions, HeldOut
+from .options import HELDOUT_SHARD, DistillError, DistillOptions, HeldOut, shard_ranges
 from .shards import GROUP, Shard, read_shard
 from .student import draft_cost, evaluate_heldout
 from .teacher import Teacher
@@ -81,6 +81,28 @@ def shards_for(clips: int, shard_size: int) -> list[int]:
     return list(range(1, -(-clips // shard_size) + 1))
 
 
+def start_row(card: dict) -> dict:
+    """An assistant's own point of the learning curve by corpus size: its card's row named "this assistant" (the
+    run that trained it measured it); for a card without one, what its options and best point say (size, steps,
+    clips seen, training seconds; ``shards`` the training shards)."""
+    mine = next((p for p in card.get("sizes") or [] if is_own(p.get("role") or "")), None)
+    opts = card.get("options") or {}
+    shards = opts.get("shards") or shards_for(opts.get("clips", 0), opts.get("shard_size", 64))
+    if mine:
+        return {"shards": shard_ranges(shards), **mine}
+    best = card.get("training") or {}
+    return {"clips": card.get("items") or best.get("distinct_clips") or opts.get("clips", 0),
+            "steps": opts.get("steps") or best.get("step", 0),
+            "clips_seen": best.get("clips_seen", 0), "train_seconds": best.get("cpu_seconds"),
+            "shards": shard_ranges(shards)}
+
+
+def is_own(role: str) -> bool:
+    """Whether a card's row with this ``role`` is the card's own assistant ("this assistant", "this assistant,
+    shipped"), not its start ("start of this assistant, shipped") or another point."""
+    return role == "this assistant" or role.startswith("this assistant,")
+
+
 def measure_size(opts: DistillOptions, teacher: Teacher, clips: int, real: Shard, corpus_folder: Path | None,
                  deadline: float | None, log) -> CurvePoint | None:
     """Train and measure one size (resumable: its folder ``curve/N`` keeps checkpoints and the point);
@@ -137,8 +159,6 @@ def shipped_point(teacher: Teacher, heldout: Shard, real: Shard) -> dict | None:
         return None
     if not all((folder / f).is_file() for f in ("assistant.json", "card.json", "layers.safetensors")):
         return None
-    from .lineage import start_row
-
     meta = json.loads((folder / "assistant.json").read_text())
     card = json.loads((folder / "card.json").read_text())
     own = start_row(card)

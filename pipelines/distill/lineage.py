@@ -8,6 +8,16 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from .curve import (
+    CurvePoint,
+    device_name,
+    labelling_cost,
+    name_rows,
+    real_shard,
+    record_points,
+    shipped_point,
+    start_row,
+)
 from .options import HELDOUT_SHARD, DistillError, DistillOptions, parse_shards, shard_ranges
 from .teacher import Teacher
 
@@ -40,30 +50,6 @@ def read_card(folder: Path) -> dict:
         return {}
 
 
-def start_row(card: dict) -> dict:
-    """An assistant's own point of the learning curve by corpus size: its card's row named "this assistant" (the
-    run that trained it measured it); for a card without one, what its options and best point say (size, steps,
-    clips seen, training seconds; ``shards`` the training shards)."""
-    from .curve import shards_for
-
-    mine = next((p for p in card.get("sizes") or [] if is_own(p.get("role") or "")), None)
-    opts = card.get("options") or {}
-    shards = opts.get("shards") or shards_for(opts.get("clips", 0), opts.get("shard_size", 64))
-    if mine:
-        return {"shards": shard_ranges(shards), **mine}
-    best = card.get("training") or {}
-    return {"clips": card.get("items") or best.get("distinct_clips") or opts.get("clips", 0),
-            "steps": opts.get("steps") or best.get("step", 0),
-            "clips_seen": best.get("clips_seen", 0), "train_seconds": best.get("cpu_seconds"),
-            "shards": shard_ranges(shards)}
-
-
-def is_own(role: str) -> bool:
-    """Whether a card's row with this ``role`` is the card's own assistant ("this assistant", "this assistant,
-    shipped"), not its start ("start of this assistant, shipped") or another point."""
-    return role == "this assistant" or role.startswith("this assistant,")
-
-
 def lineage_point(opts: DistillOptions, teacher: Teacher, reader: Teacher, state: dict, corpus_folder: Path,
                   log) -> tuple[list[dict], dict | None]:
     """The best checkpoint of a ``--start`` run measured as the curve's students are (``curve.measure_size``:
@@ -72,7 +58,6 @@ def lineage_point(opts: DistillOptions, teacher: Teacher, reader: Teacher, state
     this run's start where it is."""
     import time
 
-    from .curve import CurvePoint, device_name, labelling_cost, name_rows, real_shard, record_points, shipped_point
     from .shards import read_shard
     from .student import start_folder
     from .training import load_best

@@ -16,6 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
+from .corpus import default_corpus
 from .heldout import heldout_names, is_better
 from .options import DistillError, DistillOptions, HeldOut
 from .shards import Shard, read_shard
@@ -71,8 +72,6 @@ def training_vocabulary(opts: DistillOptions, teacher: Teacher, shards_ids: list
     size, always = teacher.model.config.vocab_size, draft_always(teacher)
     if opts.start is None:
         return draft_vocabulary(opts.out, shards_ids, opts.draft_vocab, size, always)
-    from . import default_corpus
-
     return corpus_vocabulary(opts.corpus or default_corpus(teacher.ref), opts.draft_vocab, size, always)
 
 
