@@ -1,6 +1,6 @@
 """Tandem: assisted (speculative) decoding for speech recognition, translation and summarization.
 
-The package is organised one module or package a concern (README.md, Layout, lists them all):
+The package is organised one module or package a concern (docs/architecture.md lists them all):
 
 - ``engine``    assisted decoding (draft, verify, accept): knows nothing of audio, files or UI;
 - ``models``    the pair registry (``models.yaml``), model loading, pairs, the embedded weights;
