@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -107,10 +106,10 @@ def test_unusable_out_is_known_before_any_model_loads(tmp_path, clips, capsys, m
     a_file = tmp_path / "file.txt"
     a_file.write_text("x")
     for out, why in ((a_file, "is not a folder"), (a_file / "sub", "cannot be created")):
-        start = time.perf_counter()
+        # before any model loads (_no_models fails the test otherwise): an outcome, not a time on this machine
         assert main(["transcribe", str(clips[0]), "--out", str(out), *PAIR]) == 2
         err = capsys.readouterr().err
-        assert why in err and len(err.strip().splitlines()) == 1 and time.perf_counter() - start < 5
+        assert why in err and len(err.strip().splitlines()) == 1
     assert main(["transcribe", str(tmp_path / "nothing.wav"), "--out", str(tmp_path / "o"), *PAIR]) == 2
     assert "no such file or folder" in capsys.readouterr().err
 
@@ -152,18 +151,18 @@ def test_outputs_take_the_umask(tmp_path, clips, capsys):
 
 
 def test_unreachable_hub_fails_fast(monkeypatch):
-    """A hub model that is not cached, on a machine where the hub cannot be reached: the clear line within
-    seconds (a closed local port as the hub), and at once with HF_HUB_OFFLINE."""
+    """A hub model that is not cached, on a machine where the hub cannot be reached: the clear line from the
+    reachability check (a closed local port as the hub), never the hub client's retries; at once with
+    HF_HUB_OFFLINE. Checked by what ran, not by seconds (a busy machine is slow either way)."""
     from pipelines.models import loading
 
     ref = loading.ModelRef("hub", "tandem-test/not-there")
     loading.hub_reachable.cache_clear()
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: nothing listens
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    start = time.perf_counter()
     with pytest.raises(loading.ModelUnavailableError, match="cannot be reached.*local folder"):
         loading.load_config(ref)
-    assert time.perf_counter() - start < 3
+    assert loading.hub_reachable() is False  # the answer the message came from (cached for the process)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(loading.ModelUnavailableError, match="HF_HUB_OFFLINE is set"):
         loading.load_config(ref)

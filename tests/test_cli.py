@@ -141,29 +141,29 @@ def test_ui_stops_with_its_streamlit_child_on_sigterm(tmp_path):
     import os
     import signal
     import socket
-    import time
 
-    from ui_server import free_port, wait_healthy
+    from ui_server import PATIENCE_S, free_port, wait_healthy, wait_until
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "ui", "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        if not wait_healthy(f"http://127.0.0.1:{port}"):
+        if not wait_healthy(f"http://127.0.0.1:{port}", proc):
             raise AssertionError("tandem ui did not start")
         children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
         assert children, "tandem ui runs the server as a child process"
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) in (0, 128 + signal.SIGTERM, 143)
+        assert proc.wait(timeout=PATIENCE_S) in (0, 128 + signal.SIGTERM, 143)
+
+        def gone(pid: int) -> bool:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            return False
+
         for pid in map(int, children):
-            for _ in range(40):
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    break
-                time.sleep(0.25)
-            else:
-                raise AssertionError(f"the Streamlit child {pid} outlived tandem ui")
+            assert wait_until(lambda: gone(pid)), f"the Streamlit child {pid} outlived tandem ui"
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT left by our requests is fine
             s.bind(("127.0.0.1", port))  # nobody listens there any more

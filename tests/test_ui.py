@@ -12,6 +12,7 @@ from pipelines.text import MAX_INPUT_CHARS, TextOptions, TextRunner
 
 streamlit = pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
+from ui_server import PATIENCE_S  # noqa: E402  (each app run: its outcome within this bound)
 
 UI = PROJECT_ROOT / "ui"
 
@@ -24,7 +25,7 @@ def models(local_models_file, monkeypatch):
 
 def page(name: str) -> AppTest:
     """The app (``ui/app.py``, as ``tandem ui`` serves it) switched to one page."""
-    at = AppTest.from_file(str(UI / "app.py"), default_timeout=300)
+    at = AppTest.from_file(str(UI / "app.py"), default_timeout=PATIENCE_S)
     at.run()
     if name != "translate":  # the first page
         at.switch_page(f"{name}.py").run()
@@ -117,7 +118,7 @@ def test_text_page_errors_are_one_line_and_say_what_to_do(models, tmp_path, monk
 
 
 def test_text_typed_survives_a_page_change(models):
-    at = AppTest.from_file(str(UI / "app.py"), default_timeout=300)
+    at = AppTest.from_file(str(UI / "app.py"), default_timeout=PATIENCE_S)
     at.run()
     at.text_area(key="translate_text").input("Typed, then another page.")
     at.switch_page("summarize.py").run()

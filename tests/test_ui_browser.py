@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ui_server import free_port, wait_healthy
+from ui_server import PATIENCE_S, free_port, wait_healthy
 
 from pipelines.cli import ui_command
 from pipelines.models.registry import load_registry
@@ -34,12 +34,12 @@ def server(local_models_file):
     proc = subprocess.Popen(ui_command(port), cwd=PROJECT_ROOT / "ui", env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    if not wait_healthy(url):
+    if not wait_healthy(url, proc):
         proc.kill()
         pytest.fail(f"the app did not start: {proc.stdout.read().decode()[-2000:]}")
     yield url
     proc.terminate()
-    proc.wait(timeout=20)
+    proc.wait(timeout=PATIENCE_S)
 
 
 def _fill(page, label: str, text: str) -> None:
@@ -57,18 +57,32 @@ def _settle(page) -> None:
 
 def _press_until(page, button: str, shown, tries: int = 3) -> None:
     """Click ``button`` until ``shown`` (a locator) appears, as a user clicks again when nothing happens (a click
-    that lands while the page is still rerunning after an upload is dropped by the app)."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    that lands while the page is still rerunning after an upload is dropped by the app). Waits for the outcome,
+    not for a time: once the click is seen taken (the app's running indicator or its Stop button shows) the
+    result is awaited however slow the machine is; only a click after which nothing at all happened is
+    repeated, after a grace that grows each time (10, 30 s), and the last one waits out PATIENCE_S."""
+    import time
 
+    def active() -> bool:
+        return any(loc.count() and loc.first.is_visible() for loc in (
+            page.locator('[data-testid="stStatusWidget"]'), page.get_by_role("button", name="Stop")))
+
+    deadline = time.monotonic() + PATIENCE_S
     for attempt in range(tries):
         _settle(page)
         page.get_by_role("button", name=button).click()
-        try:
-            shown.wait_for(timeout=30000)
-            return
-        except PlaywrightTimeout:
-            if attempt == tries - 1:
-                raise
+        clicked, taken = time.monotonic(), False
+        grace = 10.0 * 3**attempt if attempt < tries - 1 else PATIENCE_S
+        while time.monotonic() < deadline:
+            if shown.count() and shown.first.is_visible():
+                return
+            taken = taken or active()
+            if not taken and time.monotonic() - clicked > grace:
+                break  # nothing happened: the click was dropped, click again
+            page.wait_for_timeout(250)
+        else:
+            raise AssertionError(f"{button}: nothing shown within {PATIENCE_S:.0f} s")
+    raise AssertionError(f"{button}: clicked {tries} times, nothing happened")
 
 
 def _download(page, label: str) -> str:
@@ -135,7 +149,8 @@ def test_the_pages_in_a_real_browser(server, local_models_file, speech_real, tmp
         context = browser.new_context(viewport={"width": 1200, "height": 1600}, accept_downloads=True,
                                       permissions=["clipboard-read", "clipboard-write"])
         page = context.new_page()
-        page.set_default_timeout(int(os.environ.get('PW_TIMEOUT', '120000')))
+        # every wait below is for an outcome (a heading, an output, a download) within PATIENCE_S
+        page.set_default_timeout(int(os.environ.get('PW_TIMEOUT', str(int(PATIENCE_S * 1000)))))
 
         # Summarize: the output can be selected and copied, and downloaded as txt
         page.goto(f"{server}/summarize")
@@ -163,7 +178,7 @@ def test_the_pages_in_a_real_browser(server, local_models_file, speech_real, tmp
             # the document beside the new one: wait until the box on the page holds the text
             page.wait_for_function("""text => [...document.querySelectorAll('textarea[aria-label="Text"]')]
                 .some(box => box.value === text && box.isConnected && box.offsetParent !== null)""",
-                                   arg=f"Typed, then straight to another page ({n}).", timeout=15000)
+                                   arg=f"Typed, then straight to another page ({n}).")
         page.screenshot(path=str(shots / "translate.png"), full_page=True)
 
         # Transcribe: an upload, the transcript and the four downloads (the CLI's writers)

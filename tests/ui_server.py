@@ -1,4 +1,8 @@
-"""Starting and waiting for a real Streamlit server in tests (the browser test and the SIGTERM test)."""
+"""Starting and waiting for a real Streamlit server in tests (the browser test and the SIGTERM test).
+
+Tests wait for outcomes, not for a number of seconds: they poll until the thing happens, within PATIENCE_S, a
+bound far above any normal run, so that a busy machine (a shared CI runner, a second suite beside this one)
+is slower but never fails."""
 
 from __future__ import annotations
 
@@ -14,12 +18,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_healthy(url: str, tries: int = 120) -> bool:
-    """Poll Streamlit's health endpoint at ``url`` every 0.5 s (``tries`` times); True once it answers ok."""
-    for _ in range(tries):
+PATIENCE_S = 600.0  # the overall bound of every wait for an outcome in these tests
+
+
+def wait_until(done, patience: float = PATIENCE_S, every: float = 0.25) -> bool:
+    """Poll ``done()`` every ``every`` seconds until it is true (True) or ``patience`` seconds pass (False)."""
+    deadline = time.monotonic() + patience
+    while True:
+        if done():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(every)
+
+
+def wait_healthy(url: str, proc=None, patience: float = PATIENCE_S) -> bool:
+    """Poll Streamlit's health endpoint at ``url`` until it answers ok (True), the server process ``proc`` has
+    exited, or ``patience`` seconds pass (False)."""
+
+    def healthy() -> bool:
+        if proc is not None and proc.poll() is not None:
+            raise _Exited
         try:
-            if urllib.request.urlopen(f"{url}/_stcore/health", timeout=1).read() == b"ok":
-                return True
+            return urllib.request.urlopen(f"{url}/_stcore/health", timeout=5).read() == b"ok"
         except OSError:
-            time.sleep(0.5)
-    return False
+            return False
+
+    try:
+        return wait_until(healthy, patience, every=0.5)
+    except _Exited:
+        return False
+
+
+class _Exited(Exception):
+    """The server process ended before it answered."""
