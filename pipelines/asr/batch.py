@@ -177,7 +177,7 @@ def _source(job: BatchJob, ray: RayOptions | None) -> Iterable[Transcript] | Non
         return None
     from ..scale.ray_batch import transcribe_on_ray
 
-    return transcribe_on_ray(job, ray)
+    return transcribe_on_ray(job.todo, job.pair, job.options, ray)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -25,7 +25,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..asr import TranscribeOptions, Transcript, transcribe
-from ..asr.batch import BatchJob
 from ..models.registry import Pair
 from . import RayOptions, require_ray
 
@@ -108,29 +107,31 @@ def file_dataset(paths: tuple[Path, ...]):
     return ray.data.from_items([{"path": os.fsencode(p)} for p in paths], override_num_blocks=len(paths))
 
 
-def transcribe_on_ray(job: BatchJob, options: RayOptions) -> Iterator[Transcript]:
-    """Decode ``job.todo`` on a Ray actor pool; one Transcript per file, in the order they finish. Lazy:
-    Ray is joined (or started: its start-up counts in the run's wall time) on the first ``next``, and a Ray
-    started here is shut down when the iterator ends or is closed. Raises what Ray raises when it cannot go
-    on at all (an address nobody answers: ConnectionError; no actor could load the pair): files not yet
-    written are then simply not recorded, and a second run does them."""
+def transcribe_on_ray(todo: tuple[Path, ...], pair: Pair, transcribe_options: TranscribeOptions,
+                      options: RayOptions) -> Iterator[Transcript]:
+    """Decode the files ``todo`` (a planned job's pending ones) with ``pair`` on a Ray actor pool; one Transcript
+    per file, in the order they finish. Lazy: Ray is joined (or started: its start-up counts in the run's wall
+    time) on the first ``next``, and a Ray started here is shut down when the iterator ends or is closed. Raises
+    what Ray raises when it cannot go on at all (an address nobody answers: ConnectionError; no actor could load
+    the pair): files not yet written are then simply not recorded, and a second run does them."""
     ray = require_ray()
     started = connect(options.address)
     try:
-        yield from _collect(_pool_dataset(ray, job, options), job.todo, options.max_task_retries + 1)
+        yield from _collect(_pool_dataset(ray, todo, pair, transcribe_options, options), todo,
+                            options.max_task_retries + 1)
     finally:
         if started:
             ray.shutdown()
 
 
-def _pool_dataset(ray, job: BatchJob, options: RayOptions):
+def _pool_dataset(ray, todo: tuple[Path, ...], pair: Pair, transcribe_options: TranscribeOptions, options: RayOptions):
     """The files as a Dataset mapped through an actor pool of TranscribeActor (rows: pickled Transcripts)."""
-    per_task = options.files_per_task or job.options.batch_size
-    actors, gpus = pool_size(options, math.ceil(len(job.todo) / per_task), ray.cluster_resources())
+    per_task = options.files_per_task or transcribe_options.batch_size
+    actors, gpus = pool_size(options, math.ceil(len(todo) / per_task), ray.cluster_resources())
     with warnings.catch_warnings():  # Ray 2.60 names no parameter for max_restarts: the remote args are the way
         warnings.simplefilter("ignore", DeprecationWarning)
-        ds = file_dataset(job.todo).map_batches(
-            TranscribeActor, fn_constructor_kwargs={"pair": job.pair, "options": job.options,
+        ds = file_dataset(todo).map_batches(
+            TranscribeActor, fn_constructor_kwargs={"pair": pair, "options": transcribe_options,
                                                     "threads": options.threads_per_actor},
             batch_size=per_task, batch_format="pyarrow", zero_copy_batch=True,
             compute=ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=1),
