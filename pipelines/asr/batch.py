@@ -32,7 +32,7 @@ from .batching import transcribe
 from .inputs import Skipped, display, find_inputs
 from .options import TranscribeOptions, Transcript
 from .outputs import OutputError, OutputTree, run_signature
-from .runner import preflight_language
+from .runner import preflight_language, preflight_prompts
 from .vad import require_vad
 
 if TYPE_CHECKING:
@@ -324,6 +324,7 @@ def run_transcribe(paths: list[str], pair_name: str | None, language: str | None
     refs = load_refs(refs_manifest)
     check_pair(pair)
     preflight_language(pair, options)
+    preflight_prompts(pair, options)
     job = plan_batch(paths, pair, options, out, formats)
     try:
         return _report(job, ray, quiet, refs, out)

@@ -17,7 +17,8 @@ from ..engine import DecodeStats
 from ..models.registry import Pair
 from .inputs import find_audio
 from .options import Progress, Segment, TranscribeOptions, Transcript
-from .runner import WhisperRunner
+from .prompts import PromptHistory, prompt_tokens, window_prompt
+from .runner import WhisperRunner, check_prompts
 from .safeguards import MIN_AUDIO_SECONDS, decide
 from .segments import clamp_segments, describe_segments, segments_from_tokens, split_at_pauses, tighten_segments
 from .vad import filter_speech, require_vad
@@ -34,7 +35,8 @@ class _Cursor:
     seek: int = 0  # sample where the next window starts
     segments: list[Segment] = field(default_factory=list)
     language: str | None = None
-    prompt: list[int] | None = None
+    prompt: list[int] | None = None  # <|startoftranscript|> <|lang|> <|task|> [<|notimestamps|>]
+    history: PromptHistory = field(default_factory=PromptHistory)  # the text prompt's tokens so far (prompts.py)
     seconds: float = 0.0
     decode_seconds: float = 0.0
     plain_seconds: float = 0.0
@@ -97,6 +99,7 @@ class _Piece:
     cursor: _Cursor
     start: int  # sample of the file where it starts
     audio: np.ndarray
+    prompt: list[int]  # the decoder's prompt: text prompt (if any), then the cursor's start-of-transcript tokens
     encoded: object = None  # its encoder output when language detection already computed it
 
 
@@ -125,7 +128,10 @@ def _gather(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOpt
                 else:
                     cur.language = options.language or "en"
                 cur.prompt = runner.prompt(cur.language, options.task, timestamps=not cur.single)
-            work[not cur.single].append(_Piece(cur, start, audio, hidden))
+                cur.history = PromptHistory(prompt_tokens(runner.tokenizer, options.initial_prompt))
+            prompt = window_prompt(cur.prompt, runner.sot_prev, prompt_tokens(runner.tokenizer, options.hotwords),
+                                   cur.history.tokens)
+            work[not cur.single].append(_Piece(cur, start, audio, prompt, hidden))
             if not _in_chunks(cur, options):
                 break  # sequential: the next window depends on this one's timestamps
     return work
@@ -143,13 +149,16 @@ def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptio
     under Whisper's safeguards (``safeguards.decide``). Returns how many windows (or chunks) were decoded."""
     work = _gather(runner, active, options)
     eot = runner.model.generation_config.eos_token_id
-    for timestamps, items in work.items():
-        if not items:
-            continue
-        # batch rows must share the prompt length (same model, same mode: always true here)
+    # batch rows share the prompt length: one engine call per timestamp mode and prompt length (text prompts
+    # of different lengths, e.g. each file's previous text, decode in calls of their own)
+    groups: dict[tuple[bool, int], list[_Piece]] = {}
+    for timestamps, pieces in work.items():
+        for piece in pieces:
+            groups.setdefault((timestamps, len(piece.prompt)), []).append(piece)
+    for (timestamps, _), items in groups.items():
         enc, encode_s = runner.encode_windows([p.audio for p in items], [p.encoded for p in items])
         seeds = [window_seed(p.audio, p.start) for p in items]
-        verdicts, calls = decide(runner, enc, [p.cursor.prompt for p in items], timestamps, options, seeds)
+        verdicts, calls = decide(runner, enc, [p.prompt for p in items], timestamps, options, seeds)
         for rows, result in calls:
             for j, r in enumerate(rows):
                 _account(items[r].cursor, result, j, 1.0 / len(rows))
@@ -163,6 +172,9 @@ def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptio
             cur.dropped += verdict.dropped
             tokens = [t for t in verdict.tokens if t != eot]
             kept = not (verdict.skipped or verdict.dropped)
+            if kept:
+                cur.history.add(tokens, verdict.temperature, options.condition_on_previous_text,
+                                options.prompt_reset_on_temperature)
             cur.cut += kept and eot not in verdict.tokens and len(verdict.tokens) >= options.max_new_tokens
             offset = start / SAMPLE_RATE
             length = len(audio) / SAMPLE_RATE
@@ -224,6 +236,7 @@ def transcribe(paths: Iterable[str | Path], pair: Pair, options: TranscribeOptio
     require_vad(options.vad_filter)  # before any model loads
     runner = runner or WhisperRunner(pair, options.dtype, options.device)
     runner.check_language(options)
+    check_prompts(runner.tokenizer, options)
     queue = list(find_audio(paths))
     active: list[_Cursor] = []
     begun, windows, files_done, finished_audio = time.perf_counter(), 0, 0, 0.0

@@ -41,6 +41,11 @@ class TranscribeOptions:
     logprob_threshold: float | None = -1.0  # average log-probability below this: fall back
     no_speech_threshold: float | None = 0.6  # p(no speech) above this (and a low avg_logprob): silence, skipped
     vad_filter: bool = False  # Silero VAD first: audio outside speech set to zero, not decoded (vad.py)
+    # Prompts (prompts.py), whisper's and faster-whisper's names: text read before a window, never output
+    initial_prompt: str | None = None  # before the first window (and after it, with condition_on_previous_text)
+    hotwords: str | None = None  # before every window (faster-whisper's: names and terms spelled as given)
+    condition_on_previous_text: bool = False  # each window also reads the file's text so far (sequential only)
+    prompt_reset_on_temperature: float = 0.5  # a window kept above this temperature starts the history anew
 
     def __post_init__(self) -> None:
         check_options(self)
@@ -48,6 +53,9 @@ class TranscribeOptions:
             raise ValueError(f"long_form must be one of {', '.join(LONG_FORMS)}, not {self.long_form!r}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, not {self.batch_size}")
+        if self.condition_on_previous_text and self.long_form == "chunked":
+            raise ValueError("condition_on_previous_text needs long_form 'sequential': chunked windows are "
+                             "decoded side by side, before the text before them is known")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from ..engine import DecodeOptions, EncoderOutput, Rules, Sampling, TimestampRul
 from ..models.pairs import load_pair
 from ..models.registry import Pair
 from .options import LanguageError, TranscribeOptions
+from .prompts import MAX_PROMPT_TOKENS, PromptTooLongError, prompt_tokens
 
 
 def check_language(name: str, generation_config, options: TranscribeOptions) -> None:
@@ -39,6 +40,35 @@ def preflight_language(pair: Pair, options: TranscribeOptions) -> None:
     except ModelUnavailableError:
         return
     check_language(pair.name, generation_config, options)
+
+
+def check_prompts(tokenizer, options: TranscribeOptions) -> None:
+    """PromptTooLongError when ``initial_prompt`` or ``hotwords`` (or both, which share one prompt) is longer
+    than Whisper's prompt limit, ``MAX_PROMPT_TOKENS`` tokens of ``tokenizer`` (openai/whisper would keep only
+    the last ones, faster-whisper the first, without a word)."""
+    for name, text in (("initial_prompt", options.initial_prompt), ("hotwords", options.hotwords)):
+        n = len(prompt_tokens(tokenizer, text))
+        if n > MAX_PROMPT_TOKENS:
+            raise PromptTooLongError(f"{name} is {n} tokens; Whisper reads at most {MAX_PROMPT_TOKENS} (half its "
+                                     f"448-token context, less one): shorten it")
+    both = len(prompt_tokens(tokenizer, options.initial_prompt)) + len(prompt_tokens(tokenizer, options.hotwords))
+    if both > MAX_PROMPT_TOKENS:
+        raise PromptTooLongError(f"initial_prompt and hotwords together are {both} tokens; Whisper's prompt holds "
+                                 f"at most {MAX_PROMPT_TOKENS}: shorten one")
+
+
+def preflight_prompts(pair: Pair, options: TranscribeOptions) -> None:
+    """``check_prompts`` with the main model's tokenizer alone, before any weights load (a model whose
+    tokenizer cannot be had here is left to loading, which says why)."""
+    if not (options.initial_prompt or options.hotwords):
+        return
+    from ..models.loading import ModelUnavailableError, load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(pair.main)
+    except ModelUnavailableError:
+        return
+    check_prompts(tokenizer, options)
 
 
 class WhisperRunner:
@@ -73,6 +103,11 @@ class WhisperRunner:
     def check_language(self, options: TranscribeOptions) -> None:
         """``check_language`` with this model's generation config."""
         check_language(self.pair.name, self.model.generation_config, options)
+
+    @cached_property
+    def sot_prev(self) -> int | None:
+        """<|startofprev|>, which opens a text prompt (None for a model without one: no prompts)."""
+        return self.tokenizer.get_vocab().get("<|startofprev|>")
 
     @cached_property
     def timestamp_begin(self) -> int:

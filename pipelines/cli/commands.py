@@ -89,7 +89,9 @@ def cmd_data_list(args: argparse.Namespace) -> int:
 def _safeguards(args: argparse.Namespace) -> dict:
     return {"temperature": args.temperature, "compression_ratio_threshold": args.compression_ratio_threshold,
             "logprob_threshold": args.logprob_threshold, "no_speech_threshold": args.no_speech_threshold,
-            "vad_filter": args.vad_filter}
+            "vad_filter": args.vad_filter, "initial_prompt": args.initial_prompt, "hotwords": args.hotwords,
+            "condition_on_previous_text": args.condition_on_previous_text,
+            "prompt_reset_on_temperature": args.prompt_reset_on_temperature}
 
 
 def cmd_transcribe(args: argparse.Namespace) -> int:
@@ -283,9 +285,9 @@ def cmd_bench_scale(args: argparse.Namespace) -> int:
 
 
 def cmd_distill(args: argparse.Namespace) -> int:
-    from ..paths import output_guard
     from ..distill import DistillOptions, corpus_labelled, curve_options, distill
     from ..distill.options import parse_shards
+    from ..paths import output_guard
 
     data = tuple(args.data) if args.data else ("debian-speech",)
     opts = DistillOptions(main=args.main, out=Path(args.out), layers=args.layers, init=args.init, data=data, clips=args.clips,

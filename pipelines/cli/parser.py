@@ -109,8 +109,24 @@ def add_transcribe(sub) -> None:
     p.add_argument("--vad-filter", action=argparse.BooleanOptionalAction, default=False,
                    help="Silero voice-activity filter before decoding (faster-whisper's model; pip install -e "
                         "'.[vad]'): audio outside speech is not decoded, timestamps stay the file's")
+    add_prompts(p)
     add_ray(p)
     p.set_defaults(func=cmd_transcribe)
+
+
+def add_prompts(p: argparse.ArgumentParser) -> None:
+    """Text prompts before a window, with openai/whisper's and faster-whisper's names (asr/prompts.py)."""
+    p.add_argument("--initial-prompt", metavar="TEXT", help="text the model reads before the first window, as if "
+                   "said before it: names and terms spelled as you want them, a style of punctuation")
+    p.add_argument("--hotwords", metavar="TEXT", help="text read before every window (faster-whisper's hotwords): "
+                   "rare names and terms, spelled as the transcript should spell them")
+    p.add_argument("--condition-on-previous-text", action=argparse.BooleanOptionalAction, default=False,
+                   help="each window of a long file also reads the file's text so far (whisper's default is on; "
+                        "Tandem's off: on a loop the previous text feeds it, and without it a window does not "
+                        "depend on the one before); sequential long-form only")
+    p.add_argument("--prompt-reset-on-temperature", type=float, default=0.5, metavar="T",
+                   help="with --condition-on-previous-text: a window kept at a fallback temperature above T "
+                        "starts the previous text anew")
 
 
 def add_safeguards(p: argparse.ArgumentParser) -> None:
