@@ -1,8 +1,11 @@
 """Decode any audio (or the audio track of a video) to 16 kHz mono float32.
 
 soundfile (libsndfile: wav, flac, ogg/vorbis, opus, mp3) is tried first; PyAV (ffmpeg: m4a, mp4, webm,
-anything else) second. Resampling is soxr's. Long files can be streamed in blocks so memory stays bounded.
-Every failure is an ``AudioDecodeError`` whose message names the file and the reason.
+anything else, a chosen audio track: ``audio_av``) second, and where libsndfile stops on damage or reads
+nothing from a file that holds bytes past its header. Resampling is soxr's. Long files can be streamed in
+blocks so memory stays bounded (``stream_audio``, whose ``report`` is a ``DecodeReport``: where the audio
+starts in its container, which track, damaged blocks, truncation). A file with no audio to be had is an
+``AudioDecodeError`` whose message names the file and the reason.
 """
 
 from __future__ import annotations
@@ -13,23 +16,17 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import TandemError
+from .audio_av import stream_av
+from .audio_report import SAMPLE_RATE, AudioDecodeError, DecodeNotes, DecodeReport, wav_declared_frames
 from .paths import display
 
-SAMPLE_RATE = 16000  # Whisper's input rate, Hz
+__all__ = ["AUDIO_EXTENSIONS", "MAX_AMPLITUDE", "SAMPLE_RATE", "AudioDecodeError", "AudioStream", "DecodeReport",
+           "audio_duration", "decode_audio", "is_audio_name", "load_audio", "probe_audio", "stream_audio", "write_wav"]
 # Extensions offered when a folder is scanned; any other file can still be passed explicitly.
 AUDIO_EXTENSIONS = frozenset(
     {".wav", ".flac", ".mp3", ".ogg", ".opus", ".oga", ".m4a", ".aac", ".mp4", ".m4v", ".mov", ".mkv",
      ".webm", ".wma", ".aiff", ".aif", ".caf"}
 )
-
-
-class AudioDecodeError(TandemError, ValueError):
-    """The file cannot be turned into audio samples; the message says which file and why."""
-
-    def __init__(self, path: str | Path, reason: str) -> None:
-        self.path, self.reason = str(path), reason
-        super().__init__(f"{display(path)}: {reason}")
 
 
 def _check_file(path: Path) -> None:
@@ -49,13 +46,22 @@ def _to_mono(block: np.ndarray) -> np.ndarray:
     return block.mean(axis=1, dtype=np.float32) if block.ndim == 2 else block.astype(np.float32, copy=False)
 
 
-def _stream_soundfile(path: Path, block_seconds: float) -> Iterator[np.ndarray]:
+class _NoFrames(Exception):
+    """libsndfile's header says the file holds no samples (PyAV reads it to its end instead)."""
+
+
+def _stream_soundfile(path: Path, block_seconds: float, notes: DecodeNotes) -> Iterator[np.ndarray]:
     import soundfile as sf
     import soxr
 
     with open(path, "rb") as fh, sf.SoundFile(fh) as f:
         if f.frames == 0:
-            raise AudioDecodeError(path, "zero-length audio (no samples)")
+            raise _NoFrames
+        declared = None
+        if f.format == "WAV":
+            with open(path, "rb") as header:  # apart: libsndfile reads through ``fh`` at its own position
+                declared = wav_declared_frames(header)
+        notes.declared_seconds = max(f.frames, declared or 0) / f.samplerate
         resampler = None if f.samplerate == SAMPLE_RATE else soxr.ResampleStream(
             f.samplerate, SAMPLE_RATE, 1, dtype="float32"
         )
@@ -67,63 +73,48 @@ def _stream_soundfile(path: Path, block_seconds: float) -> Iterator[np.ndarray]:
             if resampler is not None:
                 mono = resampler.resample_chunk(mono, last=last)
             if len(mono):
+                notes.samples += len(mono)
                 yield mono
             if last:
+                notes.ended = True
                 return
-
-
-def _stream_av(path: Path, block_seconds: float) -> Iterator[np.ndarray]:
-    import av
-
-    fh = open(path, "rb")  # a file object: names that are not UTF-8 reach ffmpeg intact
-    try:
-        container = av.open(fh)
-    except (av.error.FFmpegError, UnicodeDecodeError) as exc:
-        fh.close()
-        raise AudioDecodeError(path, f"not an audio file or unsupported format ({exc.__class__.__name__})") from None
-    with fh, container:
-        if not container.streams.audio:
-            raise AudioDecodeError(path, "the file has no audio stream")
-        stream = container.streams.audio[0]
-        resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
-        pending: list[np.ndarray] = []
-        pending_len, block, total = 0, int(block_seconds * SAMPLE_RATE), 0
-
-        def frames() -> Iterator[np.ndarray]:
-            try:
-                for frame in container.decode(stream):
-                    for out in resampler.resample(frame):
-                        yield out.to_ndarray().reshape(-1)
-                for out in resampler.resample(None):
-                    yield out.to_ndarray().reshape(-1)
-            except av.error.FFmpegError as exc:
-                raise AudioDecodeError(path, f"corrupt audio data ({exc})") from None
-
-        for samples in frames():
-            pending.append(samples)
-            pending_len += len(samples)
-            if pending_len >= block:
-                out = np.concatenate(pending)
-                total += len(out)
-                yield out
-                pending, pending_len = [], 0
-        if pending_len:
-            total += pending_len
-            yield np.concatenate(pending)
-        if total == 0:
-            raise AudioDecodeError(path, "zero-length audio (no samples decoded)")
 
 
 MAX_AMPLITUDE = 1e6  # a float sample beyond this is refused (stream_audio)
 
 
-def stream_audio(path: str | Path, block_seconds: float = 30.0) -> Iterator[np.ndarray]:
-    """Yield consecutive 16 kHz mono float32 blocks of about ``block_seconds`` each. AudioDecodeError for a file
-    that cannot be decoded, holds no samples, or holds samples that are not numbers (NaN or infinite: a float WAV
-    can store them, and they would poison every log-mel frame of their window)."""
-    path = Path(path)
+class AudioStream(Iterator[np.ndarray]):
+    """A file's 16 kHz mono float32 blocks (``stream_audio``); ``report`` says what decoding found so far,
+    all of it once the blocks are exhausted."""
+
+    def __init__(self, path: Path, block_seconds: float, track: int) -> None:
+        self._notes = DecodeNotes(track=track)
+        self._blocks = _checked_blocks(path, block_seconds, self._notes)
+
+    def __next__(self) -> np.ndarray:
+        return next(self._blocks)
+
+    def close(self) -> None:
+        self._blocks.close()
+
+    @property
+    def report(self) -> DecodeReport:
+        return self._notes.report()
+
+
+def stream_audio(path: str | Path, block_seconds: float = 30.0, track: int = 0) -> AudioStream:
+    """Consecutive 16 kHz mono float32 blocks of about ``block_seconds`` each, of the file's audio track
+    ``track`` (0-based among its audio streams). AudioDecodeError for a file that cannot be decoded, holds no
+    samples, or holds samples that are not numbers (NaN or infinite: a float WAV can store them, and they would
+    poison every log-mel frame of their window). Damage is decoded around and told in the stream's ``report``."""
+    if track < 0:
+        raise ValueError(f"track must be 0 or more, not {track}")
+    return AudioStream(Path(path), block_seconds, track)
+
+
+def _checked_blocks(path: Path, block_seconds: float, notes: DecodeNotes) -> Iterator[np.ndarray]:
     _check_file(path)
-    for block in _decoded_blocks(path, block_seconds):
+    for block in _decoded_blocks(path, block_seconds, notes):
         if not np.isfinite(block).all():
             raise AudioDecodeError(path, "the audio holds samples that are not numbers (NaN or infinite)")
         # full scale is 1; far beyond it a window's power spectrum overflows float32 (a 400-sample frame sums to
@@ -134,28 +125,68 @@ def stream_audio(path: str | Path, block_seconds: float = 30.0) -> Iterator[np.n
         yield block
 
 
-def _decoded_blocks(path: Path, block_seconds: float) -> Iterator[np.ndarray]:
-    """The file's 16 kHz mono float32 blocks, through libsndfile where it reads the file, else PyAV (ffmpeg)."""
+def _decoded_blocks(path: Path, block_seconds: float, notes: DecodeNotes) -> Iterator[np.ndarray]:
+    """The file's 16 kHz mono float32 blocks, through libsndfile where it reads the file (track 0: it knows
+    one), else PyAV (ffmpeg). Where libsndfile stops on damaged data, PyAV goes on from the same sample; where
+    its header says no samples, PyAV reads the file to its end."""
     import soundfile as sf
 
-    try:
-        with open(path, "rb") as fh, sf.SoundFile(fh):
-            pass
-        use_soundfile = True
-    except (sf.LibsndfileError, RuntimeError, TypeError):
-        use_soundfile = False
+    use_soundfile = notes.track == 0
     if use_soundfile:
         try:
-            yield from _stream_soundfile(path, block_seconds)
+            with open(path, "rb") as fh, sf.SoundFile(fh):
+                pass
+        except (sf.LibsndfileError, RuntimeError, TypeError):
+            use_soundfile = False
+    if use_soundfile:
+        try:
+            yield from _stream_soundfile(path, block_seconds, notes)
             return
-        except sf.LibsndfileError as exc:
-            raise AudioDecodeError(path, f"corrupt audio data ({exc})") from None
-    yield from _stream_av(path, block_seconds)
+        except _NoFrames:
+            yield from _header_says_empty(path, block_seconds, notes)
+            return
+        except sf.LibsndfileError:  # damaged data: ffmpeg decodes around it, from where libsndfile stopped
+            done, notes.samples = notes.samples, 0
+            yield from _skip(stream_av(path, block_seconds, notes), done)
+            return
+    yield from stream_av(path, block_seconds, notes)
 
 
-def load_audio(path: str | Path) -> np.ndarray:
-    """The whole file as one 16 kHz mono float32 array."""
-    return np.concatenate(list(stream_audio(path)))
+def _header_says_empty(path: Path, block_seconds: float, notes: DecodeNotes) -> Iterator[np.ndarray]:
+    """A file whose header declares no samples (a recorder that crashed before writing the size): what PyAV
+    finds past the header, marked damaged; "zero-length" when it finds nothing."""
+    try:
+        blocks = stream_av(path, block_seconds, notes)
+        first = next(blocks)
+    except (AudioDecodeError, StopIteration):
+        raise AudioDecodeError(path, "zero-length audio (no samples)") from None
+    notes.warnings.append("the header declares no audio (a recording not closed properly?); read to the end "
+                          "of the file instead")
+    notes.declared_seconds = None  # the header's 0 is wrong, and ffmpeg's guess comes from the file's length
+    yield first
+    yield from blocks
+
+
+def _skip(blocks: Iterator[np.ndarray], samples: int) -> Iterator[np.ndarray]:
+    """``blocks`` less their first ``samples`` samples."""
+    for block in blocks:
+        if samples >= len(block):
+            samples -= len(block)
+            continue
+        yield block[samples:]
+        samples = 0
+
+
+def load_audio(path: str | Path, track: int = 0) -> np.ndarray:
+    """The whole file (its audio track ``track``) as one 16 kHz mono float32 array."""
+    return decode_audio(path, track)[0]
+
+
+def decode_audio(path: str | Path, track: int = 0) -> tuple[np.ndarray, DecodeReport]:
+    """The whole file as one 16 kHz mono float32 array, and what decoding it found (``DecodeReport``)."""
+    stream = stream_audio(path, track=track)
+    samples = np.concatenate(list(stream))
+    return samples, stream.report
 
 
 def audio_duration(samples: np.ndarray) -> float:

@@ -1,0 +1,119 @@
+"""PyAV (ffmpeg) decoding for ``pipelines.audio``: any container, any of its audio tracks, damage tolerated.
+
+A packet ffmpeg cannot decode (``InvalidDataError``) is counted and skipped; a hole in the stream's timestamps
+(blocks lost to damage) is filled with silence, so the times after it stay where they were. Where the track
+starts in its container (a video whose audio begins 5 s in) and what duration it declares go into the
+``DecodeNotes``; nothing is printed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from .audio_report import SAMPLE_RATE, AudioDecodeError, DecodeNotes
+
+GAP_SECONDS = 0.02  # a jump in the stream's timestamps beyond this is a hole (lost blocks), filled with silence
+
+
+def _start_offset(container, stream) -> float:
+    """Seconds from the container's start (its earliest stream's) to the track's first sample; never negative."""
+    if stream.start_time is None or stream.time_base is None:
+        return 0.0
+    starts = [float(s.start_time * s.time_base) for s in container.streams
+              if s.start_time is not None and s.time_base is not None]
+    origin = container.start_time / 1e6 if container.start_time is not None else min(starts)
+    return max(0.0, float(stream.start_time * stream.time_base) - min([origin, *starts]))
+
+
+def _declared(container, stream) -> float | None:
+    """The track's declared duration (its own, or the container's when the track is its only stream)."""
+    if stream.duration and stream.time_base is not None:
+        return float(stream.duration * stream.time_base)
+    if container.duration and len(container.streams) == 1:
+        return container.duration / 1e6
+    return None
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def stream_av(path: Path, block_seconds: float, notes: DecodeNotes) -> Iterator[np.ndarray]:
+    """Audio track ``notes.track`` of ``path`` as 16 kHz mono float32 blocks of about ``block_seconds``."""
+    import av
+
+    fh = open(path, "rb")  # a file object: names that are not UTF-8 reach ffmpeg intact
+    try:
+        container = av.open(fh)
+    except (av.error.FFmpegError, UnicodeDecodeError) as exc:
+        fh.close()
+        raise AudioDecodeError(path, f"not an audio file or unsupported format ({exc.__class__.__name__})") from None
+    with fh, container:
+        tracks = container.streams.audio
+        if not tracks:
+            raise AudioDecodeError(path, "the file has no audio stream")
+        if notes.track >= len(tracks):
+            raise AudioDecodeError(path, f"audio track {notes.track} asked for, but the file has "
+                                         f"{_plural(len(tracks), 'audio track')} (0-based: 0 to {len(tracks) - 1})")
+        stream = tracks[notes.track]
+        notes.tracks, notes.start_offset = len(tracks), _start_offset(container, stream)
+        notes.declared_seconds = _declared(container, stream)
+        pending: list[np.ndarray] = []
+        pending_len, block = 0, int(block_seconds * SAMPLE_RATE)
+        for samples in _samples(av, container, stream, notes):
+            notes.samples += len(samples)
+            pending.append(samples)
+            pending_len += len(samples)
+            if pending_len >= block:
+                yield np.concatenate(pending)
+                pending, pending_len = [], 0
+        if pending_len:
+            yield np.concatenate(pending)
+        notes.ended = True
+        if notes.samples == 0:
+            if notes.damaged_blocks:
+                raise AudioDecodeError(path, f"corrupt audio data: none of its {_plural(notes.damaged_blocks, 'block')} "
+                                             "could be decoded")
+            raise AudioDecodeError(path, "zero-length audio (no samples decoded)")
+
+
+def _samples(av, container, stream, notes: DecodeNotes) -> Iterator[np.ndarray]:
+    """The track's 16 kHz mono samples, packet by packet: a packet that does not decode is skipped and
+    counted, a hole in the timestamps after it filled with silence."""
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+    end = None  # the stream's time just past the last decoded frame (seconds)
+    errors_since_frame = 0
+    demux = container.demux(stream)
+    while True:
+        try:
+            packet = next(demux)
+        except StopIteration:
+            break
+        except av.error.FFmpegError as exc:
+            notes.damage(f"the file cannot be read past {notes.samples / SAMPLE_RATE:.2f} s ({exc.strerror or exc})")
+            break
+        try:
+            frames = packet.decode()
+        except av.error.FFmpegError as exc:
+            errors_since_frame += 1
+            notes.damage(f"a damaged block at {notes.samples / SAMPLE_RATE:.2f} s was skipped ({exc.strerror or exc})")
+            continue
+        for frame in frames:
+            time = frame.time
+            if time is not None and end is not None and time - end > GAP_SECONDS:
+                gap = time - end
+                if not errors_since_frame:  # a hole no decode error explains: blocks the demuxer skipped
+                    notes.damage(f"{gap:.2f} s of damaged audio at {notes.samples / SAMPLE_RATE:.2f} s "
+                                 "filled with silence")
+                notes.filled_seconds += gap
+                yield np.zeros(int(round(gap * SAMPLE_RATE)), dtype=np.float32)
+            start = time if time is not None else (end or 0.0)
+            end = start + frame.samples / frame.sample_rate
+            errors_since_frame = 0
+            for out in resampler.resample(frame):
+                yield out.to_ndarray().reshape(-1)
+    for out in resampler.resample(None):
+        yield out.to_ndarray().reshape(-1)
