@@ -228,11 +228,15 @@ def _audio_done(cur: _Cursor) -> float:
 
 def transcribe(paths: Iterable[str | Path], pair: Pair, options: TranscribeOptions = TranscribeOptions(),
                runner: WhisperRunner | None = None,
-               progress: Callable[[Progress], None] | None = None) -> Iterator[Transcript]:
+               progress: Callable[[Progress], None] | None = None,
+               admit: Callable[[int], list[Path]] | None = None) -> Iterator[Transcript]:
     """Transcribe files, ``options.batch_size`` at a time; yields one Transcript per file as it finishes
     (a file that cannot be decoded yields one with ``error`` set, and the run goes on). ``progress`` is
-    called after each decoding step (a caller may stop the run there by raising). Raises LanguageError
-    before any decoding when the pair's model cannot take ``options.language`` or ``options.task``."""
+    called after each decoding step (a caller may stop the run there by raising). ``admit(room)``, when
+    given, is asked before each step for up to ``room`` more files (paths taken as they are), which join the
+    files being decoded at that step boundary (a server's scheduler); the run ends when nothing is left and
+    ``admit`` gives nothing. Raises LanguageError before any decoding when the pair's model cannot take
+    ``options.language`` or ``options.task``."""
     require_vad(options.vad_filter)  # before any model loads
     runner = runner or WhisperRunner(pair, options.dtype, options.device)
     runner.check_language(options)
@@ -240,7 +244,11 @@ def transcribe(paths: Iterable[str | Path], pair: Pair, options: TranscribeOptio
     queue = list(find_audio(paths))
     active: list[_Cursor] = []
     begun, windows, files_done, finished_audio = time.perf_counter(), 0, 0, 0.0
-    while queue or active:
+    while True:
+        if admit is not None and len(queue) + len(active) < max(1, options.batch_size):
+            queue += admit(max(1, options.batch_size) - len(queue) - len(active))
+        if not (queue or active):
+            break
         while queue and len(active) < max(1, options.batch_size):
             path = queue.pop(0)
             t0 = time.perf_counter()
