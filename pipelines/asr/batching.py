@@ -22,7 +22,7 @@ from .runner import WhisperRunner, check_prompts
 from .safeguards import MIN_AUDIO_SECONDS, decide
 from .segments import clamp_segments, describe_segments, segments_from_tokens, split_at_pauses, tighten_segments
 from .vad import filter_speech, require_vad
-from .windows import WindowReader, is_silent_window, quiet_cut, voiced_frames
+from .windows import WindowReader, decode_fields, in_container_time, is_silent_window, quiet_cut, voiced_frames
 
 
 @dataclass
@@ -55,18 +55,20 @@ class _Cursor:
 
 
 def _open(path: Path, options: TranscribeOptions) -> _Cursor:
-    reader = WindowReader(path)
+    reader = WindowReader(path, options.audio_track)
     return _Cursor(path, reader, single=reader.is_single_window() and not options.timestamps)
 
 
 def _finish(cur: _Cursor, compare: bool) -> Transcript:
     cur.segments.sort(key=lambda seg: seg.start)  # chunked mode may decode a leftover after later chunks
     text = " ".join(s.text for s in cur.segments).strip()
+    report = cur.reader.report
     return Transcript(
-        str(cur.path), text, cur.reader.known_length / SAMPLE_RATE, cur.seconds, None, tuple(cur.segments),
+        str(cur.path), text, cur.reader.known_length / SAMPLE_RATE, cur.seconds, None,
+        tuple(in_container_time(cur.segments, report)),
         cur.language, cur.tokens, cur.main_calls, cur.drafted, cur.accepted, cur.decode_seconds,
         cur.plain_seconds if compare else None, cur.identical if compare else None, cur.retried, cur.skipped, cur.dropped,
-        dict(sorted(cur.hist.items())), cur.cut, "length" if cur.cut else "stop",
+        dict(sorted(cur.hist.items())), cur.cut, "length" if cur.cut else "stop", **decode_fields(report),
     )
 
 

@@ -46,6 +46,7 @@ class TranscribeOptions:
     hotwords: str | None = None  # before every window (faster-whisper's: names and terms spelled as given)
     condition_on_previous_text: bool = False  # each window also reads the file's text so far (sequential only)
     prompt_reset_on_temperature: float = 0.5  # a window kept above this temperature starts the history anew
+    audio_track: int = 0  # which audio stream of a file with several (0-based among its audio streams)
 
     def __post_init__(self) -> None:
         check_options(self)
@@ -53,6 +54,8 @@ class TranscribeOptions:
             raise ValueError(f"long_form must be one of {', '.join(LONG_FORMS)}, not {self.long_form!r}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, not {self.batch_size}")
+        if self.audio_track < 0:
+            raise ValueError(f"audio_track must be 0 or more, not {self.audio_track}")
         if self.condition_on_previous_text and self.long_form == "chunked":
             raise ValueError("condition_on_previous_text needs long_form 'sequential': chunked windows are "
                              "decoded side by side, before the text before them is known")
@@ -93,6 +96,14 @@ class Transcript:
     #                                                              batches the file took part in; exact for one file)
     cut: int = 0  # windows whose text stopped at the token limit (max_new_tokens, Whisper's 448 positions)
     finish_reason: str = "stop"  # "length" when a window was cut so (OpenAI's and transformers' name), else "stop"
+    # from the audio's decoding (pipelines.audio.DecodeReport)
+    start_offset: float = 0.0  # seconds from the container's start to the audio's (already added to the segments)
+    audio_track: int | None = None  # the audio track read, when the file has several (0-based)
+    audio_tracks: int = 1  # audio tracks in the file
+    damaged: bool = False  # part of the file could not be decoded as its header says (decode_warnings say how)
+    truncated: bool = False  # the file ends clearly before the duration it declares
+    decode_warnings: tuple[str, ...] = ()  # one line each
+    seconds_recovered: float | None = None  # when damaged: seconds of the file's own audio decoded
 
     @property
     def ok(self) -> bool:

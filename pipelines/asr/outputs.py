@@ -85,6 +85,8 @@ def run_signature(pair_name: str, options) -> str:
         keys["vad"] = "silero"
     if options.device != "cpu":  # likewise: a GPU's kernels (and its default dtype) give other bits than the CPU's
         keys["device"] = options.device
+    if getattr(options, "audio_track", 0):  # another track is another transcript
+        keys["audio_track"] = options.audio_track
     return hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:16]
 
 

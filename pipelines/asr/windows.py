@@ -3,19 +3,21 @@ and where to cut a chunk at a pause."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from ..audio import SAMPLE_RATE, stream_audio
-from .options import CHUNK_MAX_SECONDS, CHUNK_MIN_SECONDS, SILENCE_RMS, WINDOW, WINDOW_SECONDS
+from ..audio import SAMPLE_RATE, DecodeReport, stream_audio
+from .options import CHUNK_MAX_SECONDS, CHUNK_MIN_SECONDS, SILENCE_RMS, WINDOW, WINDOW_SECONDS, Segment
 
 
 class WindowReader:
-    """Streams a file and serves 30 s windows from any later start; samples before it are dropped."""
+    """Streams a file (its audio track ``track``) and serves 30 s windows from any later start; samples before
+    it are dropped."""
 
-    def __init__(self, path: Path) -> None:
-        self._blocks = stream_audio(path, block_seconds=WINDOW_SECONDS)
+    def __init__(self, path: Path, track: int = 0) -> None:
+        self._blocks = stream_audio(path, block_seconds=WINDOW_SECONDS, track=track)
         self._buf = np.zeros(0, dtype=np.float32)
         self._start = 0  # sample index of _buf[0]
         self._ended = False
@@ -37,6 +39,12 @@ class WindowReader:
     def ended(self) -> bool:
         return self._ended
 
+    @property
+    def report(self) -> DecodeReport:
+        """What decoding found so far (where the audio starts in its container, its track, damage): all of it
+        once ``ended``."""
+        return self._blocks.report
+
     def window(self, start: int) -> np.ndarray:
         self._fill(start + WINDOW + 1)
         drop = max(0, start - self._start)
@@ -46,6 +54,24 @@ class WindowReader:
     def is_single_window(self) -> bool:
         self._fill(WINDOW + 1)
         return self._ended and self.known_length <= WINDOW
+
+
+def in_container_time(segments: list[Segment], report: DecodeReport) -> list[Segment]:
+    """``segments`` (times from the decoded audio's first sample) moved by where that sample sits in its
+    container (``report.start_offset``: a video whose audio starts 5 s in), as a player and its subtitles count."""
+    offset = report.start_offset
+    if not offset:
+        return segments
+    return [replace(s, start=round(s.start + offset, 3), end=round(s.end + offset, 3)) for s in segments]
+
+
+def decode_fields(report: DecodeReport) -> dict:
+    """A Transcript's fields from the decoding's report: offset, track (named when the file has several),
+    damage."""
+    return {"start_offset": report.start_offset, "audio_track": report.track if report.tracks > 1 else None,
+            "audio_tracks": report.tracks, "damaged": report.damaged, "truncated": report.truncated,
+            "decode_warnings": report.warnings,
+            "seconds_recovered": report.seconds_recovered if report.damaged else None}
 
 
 def frame_rms(audio: np.ndarray) -> np.ndarray:

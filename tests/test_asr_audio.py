@@ -1,0 +1,77 @@
+"""Transcripts of audio as it comes from the world: a video whose sound starts 2 s in (its cues must not be
+2 s early), the second audio track of a file, a WAV whose header says 0 bytes, a recording cut in half.
+Containers are made here with PyAV from the built speech-real clips."""
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+import soundfile as sf
+from test_audio_damage import mux
+
+from pipelines.asr import TranscribeOptions, transcribe
+from pipelines.asr.outputs import render
+from pipelines.audio import load_audio
+
+
+@pytest.fixture(scope="module")
+def clips(speech_real):
+    ids = ("librivox-sense_and_sensibility_01_austen_64kb-0880", "goforward")
+    by_id = {i["id"]: Path(i["audio_path"]) for i in speech_real}
+    return [by_id[i] for i in ids]
+
+
+def _one(path, registry, runner, **options):
+    return list(transcribe([path], registry.get("whisper-base"), TranscribeOptions(**options), runner))[0]
+
+
+def test_cues_of_a_video_whose_audio_starts_late_keep_the_container_time(tmp_path, clips, registry, base_runner):
+    plain = _one(clips[0], registry, base_runner, timestamps=True)
+    video = tmp_path / "late.mkv"
+    mux(video, "matroska", [(load_audio(clips[0]), 2.0)], video_seconds=6.0)
+    late = _one(video, registry, base_runner, timestamps=True)
+    assert late.ok and late.text == plain.text and late.start_offset == pytest.approx(2.0)
+    assert [(s.start, s.end) for s in late.segments] == [(pytest.approx(s.start + 2.0, abs=0.01),
+                                                          pytest.approx(s.end + 2.0, abs=0.01)) for s in plain.segments]
+    assert late.segments[0].start >= 2.0
+    first = render(late, "srt").splitlines()[1]
+    assert first.startswith("00:00:02,") or first.startswith("00:00:03,")
+    assert json.loads(render(late, "json"))["start_offset"] == pytest.approx(2.0)
+
+
+def test_the_second_audio_track_is_transcribed_when_asked(tmp_path, clips, registry, base_runner):
+    both = tmp_path / "two.mkv"
+    mux(both, "matroska", [(load_audio(clips[0]), 0.0), (load_audio(clips[1]), 0.0)])
+    first, second = _one(both, registry, base_runner), _one(both, registry, base_runner, audio_track=1)
+    assert "young man" in first.text.lower() and "forward" in second.text.lower()
+    assert (first.audio_track, second.audio_track, second.audio_tracks) == (0, 1, 2)
+    one = _one(clips[1], registry, base_runner)
+    assert one.audio_track is None and one.audio_tracks == 1  # a file of one track does not name it
+    wrong = _one(clips[1], registry, base_runner, audio_track=1)
+    assert not wrong.ok and "has 1 audio track" in wrong.error
+
+
+def test_a_wav_whose_header_says_zero_bytes_is_transcribed_and_marked(tmp_path, clips, registry, base_runner):
+    crashed = tmp_path / "crashed.wav"
+    sf.write(crashed, load_audio(clips[1]), 16000, subtype="PCM_16")
+    data = bytearray(crashed.read_bytes())
+    at = data.find(b"data")
+    data[at + 4 : at + 8] = struct.pack("<I", 0)
+    crashed.write_bytes(bytes(data))
+    result = _one(crashed, registry, base_runner)
+    assert result.ok and "forward" in result.text.lower()
+    assert result.damaged and not result.truncated and result.seconds_recovered == pytest.approx(result.duration, abs=0.01)
+    assert "header declares no audio" in result.decode_warnings[0]
+
+
+def test_a_recording_cut_in_half_is_marked_truncated(tmp_path, clips, registry, base_runner):
+    cut = tmp_path / "cut.flac"
+    sf.write(cut, load_audio(clips[0]), 16000)
+    data = cut.read_bytes()
+    cut.write_bytes(data[: len(data) // 2])
+    result = _one(cut, registry, base_runner)
+    assert result.ok and result.truncated and result.damaged
+    assert 1.0 < result.seconds_recovered < 2.0
+    record = json.loads(render(result, "json"))
+    assert record["truncated"] is True and record["seconds_recovered"] == result.seconds_recovered
