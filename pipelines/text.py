@@ -1,10 +1,11 @@
 """Translation and summarization: text in, text out (preprocess -> engine -> postprocess).
 
-preprocess   translation: split into paragraphs and sentences, each one a batch row; summarization: the
-             whole document, or (when longer than the model's input window) chunks of whole sentences
-             that fit, summarised one by one and joined (said in the result's notes), or truncated
+preprocess   translation: the text cut into its layout and translatable units (``text_structure``: lines,
+             markdown runs, HTML text nodes), their sentences the batch rows; summarization: the whole
+             document, or (when longer than the model's input window) chunks of whole sentences that fit,
+             summarised one by one and joined (said in the result's notes), or truncated
 decode       Tandem's engine, several rows per batch, drafting as the pair says (assistant, prompt lookup)
-postprocess  detokenise and rejoin in the input's layout
+postprocess  detokenise and put back in the input's layout (line breaks, markers, tags, code kept)
 
 Encoder-decoder pairs (BART, T5, NLLB) read the source through the encoder; decoder-only chat pairs (the
 embedded Qwen2.5-Coder 1.5B + 0.5B) read it inside a chat-template prompt that asks for the summary or the
@@ -27,6 +28,7 @@ from .errors import TandemError
 from .languages import language_name
 from .models.pairs import LoadedPair, load_pair
 from .models.registry import Pair, a_task
+from .text_structure import FORMATS, normalize, parse_text
 
 _SENTENCE = re.compile(r"(?<=[.!?。！？])\s+")
 MAX_INPUT_CHARS = 200_000  # a larger input is refused with a clear message
@@ -48,6 +50,7 @@ class TextOptions:
     use_assistant: bool = True
     compare: bool = False  # also decode plainly: time it and check identical outputs
     long_input: str = "chunk"  # summarization of over-long inputs: "chunk" (and join) or "truncate"
+    text_format: str = "auto"  # translation: "text", "markdown", "html" or "auto" (text_structure.detect_format)
     policy: PolicyOptions = PolicyOptions()  # how many tokens the assistant drafts each round
 
     def __post_init__(self) -> None:
@@ -58,6 +61,8 @@ class TextOptions:
             raise TextInputError(f"batch_size must be at least 1, not {self.batch_size}")
         if self.long_input not in LONG_INPUTS:
             raise TextInputError(f"long_input must be one of {', '.join(LONG_INPUTS)}, not {self.long_input!r}")
+        if self.text_format not in FORMATS:
+            raise TextInputError(f"text_format must be one of {', '.join(FORMATS)}, not {self.text_format!r}")
 
 
 LONG_INPUTS = ("chunk", "truncate")
@@ -223,12 +228,15 @@ class TextRunner:
 
     # -- the tasks
     def translate(self, text: str, options: TextOptions = TextOptions(),
-                  progress: Callable[[int, int], None] | None = None) -> TextResult:
-        """Translate ``text`` sentence by sentence, keeping its paragraphs. ``progress(done, total)`` is called
-        after each batch of sentences. Raises TextInputError for an empty or too long text or bad languages."""
+                  progress: Callable[[int, int], None] | None = None, name: str | None = None) -> TextResult:
+        """Translate ``text`` sentence by sentence in its layout (``text_structure``; ``name``, a file name, tells
+        HTML and markdown by suffix). ``progress(done, total)`` is called after each batch of sentences. Raises
+        TextInputError for an empty or too long text or bad languages."""
         self._check(text)
-        paragraphs = split_sentences(text)
-        flat = [s for p in paragraphs for s in p]
+        doc = parse_text(text, options.text_format, name)
+        flat = doc.rows
+        if not flat:  # nothing to translate (code, markup, numbers): the text as it is
+            return self._result(text, doc.render([]), 0, [], [], None, None, options)
         if self.chat:
             outs, stats, plain_s, identical = self._decode(self._translation_prompts(flat, options), None, options,
                                                            progress)
@@ -236,8 +244,7 @@ class TextRunner:
             src_id, tgt_id = self._lang_id(options.src, "src"), self._lang_id(options.tgt, "tgt")
             outs, stats, plain_s, identical = self._decode([self._source_ids(s, src_id) for s in flat],
                                                            self._prompt(tgt_id), options, progress)
-        it = iter(self._text(o) for o in outs)
-        output = "\n\n".join(" ".join(next(it) for _ in p) for p in paragraphs)
+        output = doc.render_rows([self._text(o) for o in outs])
         return self._result(text, output, len(flat), outs, stats, plain_s, identical, options)
 
     def summarize(self, text: str, options: TextOptions = TextOptions(),
@@ -247,7 +254,7 @@ class TextRunner:
         self._check(text)
         if options.src or options.tgt:
             raise TextInputError("summarization takes no --src/--tgt")
-        sources, notes = self._summary_sources(text, options)
+        sources, notes = self._summary_sources(normalize(text), options)
         if self.chat:
             outs, stats, plain_s, identical = self._decode(self._summary_prompts(sources), None, options, progress)
         else:
@@ -261,8 +268,8 @@ class TextRunner:
         them (the preprocessing alone: benchmarks feed the same prompts to other systems)."""
         self._check(text)
         if task == "translate":
-            return self._translation_prompts([s for p in split_sentences(text) for s in p], options)
-        return self._summary_prompts(self._summary_sources(text, options)[0])
+            return self._translation_prompts(parse_text(text, options.text_format).rows, options)
+        return self._summary_prompts(self._summary_sources(normalize(text), options)[0])
 
     def _translation_prompts(self, sentences: list[str], options: TextOptions) -> list[list[int]]:
         src, tgt = self._language(options.src, "src"), self._language(options.tgt, "tgt")
@@ -340,11 +347,15 @@ def check_request(pair: Pair, task: str, texts: list[str], options: TextOptions)
 
 
 def run_text(pair: Pair, task: str, texts: list[str], options: TextOptions = TextOptions(),
-             runner: TextRunner | None = None, device: str = "cpu") -> list[TextResult]:
+             runner: TextRunner | None = None, device: str = "cpu",
+             names: list[str | None] | None = None) -> list[TextResult]:
     """The Python API behind ``tandem translate`` and ``tandem summarize``: one result per text, the pair
-    loaded on ``device`` unless a ``runner`` is given. Raises TextInputError for input it cannot take, before
-    loading where it can be known (``check_request``)."""
+    loaded on ``device`` unless a ``runner`` is given; ``names`` (file names, None for other inputs) tell a
+    translation's HTML and markdown by suffix. Raises TextInputError for input it cannot take, before loading
+    where it can be known (``check_request``)."""
     check_request(pair, task, texts, options)
     runner = runner or TextRunner(pair, device=device)
-    fn = runner.translate if task == "translate" else runner.summarize
-    return [fn(t, options) for t in texts]
+    names = list(names or []) + [None] * (len(texts) - len(names or []))
+    if task == "translate":
+        return [runner.translate(t, options, name=n) for t, n in zip(texts, names)]
+    return [runner.summarize(t, options) for t in texts]

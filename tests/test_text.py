@@ -195,3 +195,40 @@ def test_text_options_refuse_a_batch_or_a_token_budget_below_one():
                             (dict(long_input="drop"), "long_input must be one of chunk, truncate")):
         with pytest.raises(TextInputError, match=message):
             TextOptions(**kwargs)
+
+
+def test_translate_keeps_verse_lines_and_batches_them(models_file):
+    """A 4-line poem used to come back as one line (issue 57): one row per line, every line break kept, the rows
+    still decoded in batches and equal to plain decoding."""
+    runner = TextRunner(load_registry(models_file).get("marian-pair"))
+    poem = "\ufeffRoses are red.\r\nViolets are blue.\r\n\r\n  Sugar is sweet.\r\nAnd so are you.\r\n"
+    result = runner.translate(poem, TextOptions(max_new_tokens=6, batch_size=3, compare=True))
+    assert result.rows == 4 and result.identical is True
+    lines = result.output.split("\n")
+    assert len(lines) == 6 and lines[2] == "" and lines[3].startswith("  ") and lines[5] == ""
+    assert all(line.strip() for i, line in enumerate(lines) if i in (0, 1, 3, 4))
+
+
+def test_cli_translate_file_keeps_html_tags_and_markdown_lines(models_file, tmp_path, capsys):
+    """``tandem translate --file page.html`` (4 sentences) used to print one sentence: the tags and lines stay."""
+    import re
+
+    from pipelines.cli import main
+
+    page = tmp_path / "page.html"
+    page.write_text('<html><body>\n<h1 class="t">The train leaves at seven.</h1>\n<p>Where is the bank? It is '
+                    '<a href="/map">near the station</a>.</p>\n<pre>keep me</pre>\n<p>Please close the window.</p>\n'
+                    '</body></html>\n')
+    notes = tmp_path / "notes.md"
+    notes.write_text("# The train\n\n- Where is the bank?\n- Please close the window.\n\n```\nkeep me\n```\n")
+    argv = ["--models", str(models_file), "translate", "--pair", "marian-pair", "--max-new-tokens", "6"]
+    assert main([*argv, "--file", str(page)]) == 0
+    out = capsys.readouterr().out
+    tag = re.compile(r"<[^>]+>")
+    assert tag.findall(out) == tag.findall(page.read_text()) and "<pre>keep me</pre>" in out
+    assert out.count("\n") == page.read_text().count("\n") + 1  # print's own line end
+    assert main([*argv, "--file", str(notes)]) == 0
+    lines = capsys.readouterr().out.split("\n")
+    assert len(lines) == len(notes.read_text().split("\n")) + 1
+    assert lines[0].startswith("# ") and lines[1] == "" and lines[2].startswith("- ") and lines[3].startswith("- ")
+    assert lines[4:8] == ["", "```", "keep me", "```"]
