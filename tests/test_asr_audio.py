@@ -75,3 +75,16 @@ def test_a_recording_cut_in_half_is_marked_truncated(tmp_path, clips, registry, 
     assert 1.0 < result.seconds_recovered < 2.0
     record = json.loads(render(result, "json"))
     assert record["truncated"] is True and record["seconds_recovered"] == result.seconds_recovered
+
+
+def test_the_audio_note_names_what_was_wrong():
+    from pipelines.asr import Transcript
+
+    assert Transcript("a.wav", "hi", 1.0, 0.1).audio_note == ""
+    cut = Transcript("a.flac", "hi", 4.9, 0.1, truncated=True, damaged=True, seconds_recovered=4.86,
+                     decode_warnings=("truncated: the file ends at 4.86 s of the 10.00 s it declares",))
+    assert cut.audio_note == "truncated, 4.9 s recovered"
+    hole = Transcript("a.mp3", "hi", 8.5, 0.1, damaged=True, seconds_recovered=8.5, audio_track=1, audio_tracks=2,
+                      start_offset=4.978, decode_warnings=("a damaged block at 4.79 s was skipped", "1.47 s lost"))
+    assert hole.audio_note == ("damaged (a damaged block at 4.79 s was skipped and 1 more), 8.5 s recovered; "
+                               "audio track 1 of 2 (counted from 0); audio starts at 4.98 s")

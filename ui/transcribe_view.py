@@ -168,6 +168,12 @@ def show_transcript(pair: Pair, result: Transcript, stem: str, reference: str) -
     if result.finish_reason == "length":
         st.warning(f"Cut by the token limit: {result.cut} window(s) stopped before their end (finish_reason "
                    "length); the text of those windows is incomplete.")
+    if result.damaged:
+        st.warning(f"The audio file is {'truncated' if result.truncated else 'damaged'}: "
+                   f"{'; '.join(result.decode_warnings)}. {result.seconds_recovered or 0:.1f} s of it were decoded "
+                   "and transcribed.")
+    if result.audio_track is not None or result.start_offset:
+        st.caption(f"Read as: {result.audio_note} (the segment times count from the start of the file).")
     copyable("Transcript", result.text, key="asr_output", height=140)
     show_downloads(result, stem)
     if result.duration:

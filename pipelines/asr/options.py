@@ -109,6 +109,24 @@ class Transcript:
     def ok(self) -> bool:
         return self.error is None
 
+    @property
+    def audio_note(self) -> str:
+        """How the audio was read, in a few words ("" when there is nothing to say): "truncated, 4.9 s
+        recovered", "damaged (a damaged block at 4.79 s was skipped ...), 8.5 s recovered", "audio track 1 of
+        2 (counted from 0)", "audio starts at 4.98 s" (the times already count from the container's start)."""
+        parts = []
+        if self.truncated:
+            parts.append(f"truncated, {self.seconds_recovered or 0:.1f} s recovered")
+        elif self.damaged:
+            first = self.decode_warnings[0] if self.decode_warnings else "damaged"
+            more = f" and {len(self.decode_warnings) - 1} more" if len(self.decode_warnings) > 1 else ""
+            parts.append(f"damaged ({first}{more}), {self.seconds_recovered or 0:.1f} s recovered")
+        if self.audio_track is not None:
+            parts.append(f"audio track {self.audio_track} of {self.audio_tracks} (counted from 0)")
+        if self.start_offset:
+            parts.append(f"audio starts at {self.start_offset:.2f} s")
+        return "; ".join(parts)
+
 
 @dataclass(frozen=True)
 class Progress:
