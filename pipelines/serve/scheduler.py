@@ -1,0 +1,182 @@
+"""The server's scheduler: one worker thread owns the models; requests queue and are decoded in batches.
+
+Transcriptions: the worker takes the oldest queued request, waits up to ``max_wait_ms`` for more requests
+with the same decoding options (up to ``max_batch``), and decodes them together through ``asr.transcribe``,
+the loop ``tandem transcribe`` runs over a batch of files. While that run goes on, requests with the same
+options join it at its step boundaries (``transcribe(admit=...)``: before each step, one 30 s window per
+file), and each request's future is resolved the moment its file's last window is done, so a long file
+does not hold a short one back past one step. What the engine does not offer is admission *inside* one
+step: an engine call (``AssistedDecoder.generate``) decodes a fixed set of rows to the end, rows leaving as
+they finish but none joining at its round boundaries; a request arriving mid-step waits for that step.
+A queued request of other options (another language, task, format) stops admission, so the run drains and
+that request goes next.
+
+Chat completions: the queued chat requests with the same sampling settings and token budget, up to
+``max_batch``, go through one engine call (rows of different prompt lengths).
+
+A request cancelled while queued (its client went away) is dropped; one already decoding finishes its rows.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ..asr import TranscribeOptions, Transcript, transcribe
+
+
+@dataclass
+class Job:
+    kind: str  # "asr" or "chat"
+    key: object  # what must be equal for jobs to share a batch (asr: the TranscribeOptions)
+    payload: object  # asr: the audio file (Path); chat: the prompt's token ids
+    future: Future = field(default_factory=Future)
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+class SchedulerClosed(RuntimeError):
+    """The server is shutting down: no new requests."""
+
+
+class Scheduler:
+    """Queues requests for one worker thread, which runs them in batches (module docstring).
+
+    ``asr``: ``(runner, pair)`` of the loaded speech pair, or None; ``chat``: a callable decoding a list of
+    prompts with one key's settings (``chat.ChatEngine.complete``), or None. ``on_batch(kind, rows)`` is told
+    every batch started (metrics)."""
+
+    def __init__(self, asr=None, chat: Callable | None = None, max_batch: int = 8, max_wait_ms: float = 10.0,
+                 on_batch: Callable[[str, int], None] | None = None) -> None:
+        self.asr, self.chat = asr, chat
+        self.max_batch, self.max_wait = max_batch, max_wait_ms / 1000
+        self.on_batch = on_batch or (lambda kind, rows: None)
+        self._jobs: list[Job] = []
+        self._cond = threading.Condition()
+        self._closing = False
+        self.running = 0  # requests whose rows are being decoded now
+        self._thread = threading.Thread(target=self._work, name="tandem-scheduler", daemon=True)
+
+    # -- the request side (any thread)
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, kind: str, key, payload) -> Future:
+        """Queue one request; its future gets a Transcript (asr) or a chat result, or the exception that
+        failed its batch. SchedulerClosed once ``close`` has begun."""
+        job = Job(kind, key, payload)
+        with self._cond:
+            if self._closing:
+                raise SchedulerClosed("the server is shutting down")
+            self._jobs.append(job)
+            self._cond.notify_all()
+        return job.future
+
+    @property
+    def queued(self) -> int:
+        with self._cond:
+            return sum(not j.future.cancelled() for j in self._jobs)
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Take no more requests, finish the queued and running ones, stop the worker; False when the worker
+        was still busy after ``timeout`` seconds."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    # -- the worker
+    def _take(self, match: Callable[[Job], bool], room: int) -> list[Job]:
+        """Up to ``room`` queued jobs that ``match``, oldest first, marked running (cancelled ones dropped).
+        Called with the lock held."""
+        taken, kept = [], []
+        for job in self._jobs:
+            if len(taken) < room and match(job):
+                if job.future.set_running_or_notify_cancel():
+                    taken.append(job)
+            else:
+                kept.append(job)
+        self._jobs[:] = kept
+        return taken
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs and not self._closing:
+                    self._cond.wait()
+                if not self._jobs:
+                    return  # closing, nothing left
+                first = self._jobs[0]
+                same = lambda j, f=first: j.kind == f.kind and j.key == f.key  # noqa: E731
+                deadline = first.enqueued + self.max_wait
+                while (sum(map(same, self._jobs)) < self.max_batch and not self._closing
+                       and (wait := deadline - time.monotonic()) > 0):
+                    self._cond.wait(wait)
+                jobs = self._take(same, self.max_batch)
+            if not jobs:
+                continue
+            try:
+                if first.kind == "asr":
+                    self._run_asr(first.key, jobs)
+                else:
+                    self._run_chat(first.key, jobs)
+            except BaseException as exc:  # noqa: BLE001 - the batch's requests get the error; the worker goes on
+                for job in jobs:
+                    if not job.future.done():
+                        job.future.set_exception(exc)
+            finally:
+                self.running = 0
+
+    def _run_asr(self, key: TranscribeOptions, jobs: list[Job]) -> None:
+        running: dict[str, Job] = {}
+
+        def admit(room: int) -> list[Path]:
+            if jobs:  # the batch the run starts with
+                new, jobs[:] = list(jobs), []
+            else:
+                with self._cond:
+                    oldest = next((j for j in self._jobs if not j.future.cancelled()), None)
+                    if oldest is not None and (oldest.kind != "asr" or oldest.key != key):
+                        return []  # another kind of request waits: let this run drain
+                    new = self._take(lambda j: j.kind == "asr" and j.key == key, room)
+            for job in new:
+                running[str(job.payload)] = job
+            self.running = len(running)
+            if new:
+                self.on_batch("asr", len(new))
+            return [job.payload for job in new]
+
+        runner, pair = self.asr
+        try:
+            for result in transcribe([], pair, replace(key, batch_size=self.max_batch), runner=runner, admit=admit):
+                job = running.pop(result.path, None)
+                self.running = len(running)
+                if job is not None:
+                    job.future.set_result(result)
+        except BaseException as exc:  # noqa: BLE001
+            for job in running.values():
+                job.future.set_exception(exc)
+            raise
+
+    def _run_chat(self, key, jobs: list[Job]) -> None:
+        self.running = len(jobs)
+        self.on_batch("chat", len(jobs))
+        results = self.chat([job.payload for job in jobs], key)
+        for job, result in zip(jobs, results):
+            job.future.set_result(result)
+
+
+def result_of(transcript: Transcript) -> Transcript:
+    """The transcript, or AudioError when its file could not be decoded (the request's fault: 400)."""
+    if transcript.error:
+        raise AudioError(transcript.error)
+    return transcript
+
+
+class AudioError(ValueError):
+    """The uploaded file is not audio the server can decode."""
