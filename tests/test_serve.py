@@ -1,0 +1,249 @@
+"""``tandem serve``: a real uvicorn server on 127.0.0.1, called with the official ``openai`` client.
+
+Transcripts must equal what ``asr.transcribe`` (the API ``tandem transcribe`` runs) gives for the same file
+decoded alone, in every response format and when several requests are decoded together; bad requests get
+OpenAI's error JSON and the server serves the next one. Chat completions run on a tiny random-weight chat
+pair built here (a locally trained tokenizer with a chat template): greedy output equals ``generate``'s.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+for _module in ("fastapi", "uvicorn", "multipart", "prometheus_client", "openai"):
+    pytest.importorskip(_module, reason="needs the serve extra and openai: pip install -e '.[serve,test]'")
+
+import openai  # noqa: E402
+import uvicorn  # noqa: E402
+
+KEY = "test-key"
+PAIR = "whisper-base+distilled"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Server:
+    """An app under uvicorn in a thread, on a free loopback port; ready once /health answers."""
+
+    def __init__(self, app) -> None:
+        self.port = _free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        import urllib.request
+
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                if time.monotonic() > deadline or not self.thread.is_alive():
+                    raise RuntimeError("the server did not come up") from None
+                time.sleep(0.05)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, key: str | None = KEY) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key or "none", max_retries=0, timeout=300)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(60)
+
+
+@pytest.fixture(scope="module")
+def asr(registry):
+    from pipelines.asr import WhisperRunner
+
+    pair = registry.get(PAIR)
+    return WhisperRunner(pair), pair
+
+
+@pytest.fixture(scope="module")
+def clips(speech_real):
+    """Four short clips of speech-real (the shortest, to keep the decoding cheap)."""
+    items = sorted(speech_real, key=lambda i: i["duration"])[:4]
+    return [Path(i["audio_path"]) for i in items]
+
+
+@pytest.fixture(scope="module")
+def alone(asr, clips):
+    """Each clip transcribed alone in-process, as tandem transcribe does: without and with timestamps."""
+    from pipelines.asr import TranscribeOptions, transcribe
+
+    runner, pair = asr
+    return {ts: [next(transcribe([c], pair, TranscribeOptions(timestamps=ts, batch_size=1), runner=runner))
+                 for c in (clips if not ts else clips[:1])] for ts in (False, True)}
+
+
+@pytest.fixture(scope="module")
+def server(asr, alone):
+    from pipelines.serve import ServeOptions, load_served
+    from pipelines.serve.app import create_app
+
+    options = ServeOptions(api_key=KEY, max_batch=4, max_wait_ms=500, max_upload_mb=1)
+    s = _Server(create_app(load_served(options, asr=asr), grace_seconds=30))
+    yield s
+    s.stop()
+
+
+def _transcribe(client, path: Path, **kwargs):
+    with open(path, "rb") as f:
+        return client.audio.transcriptions.create(model=PAIR, file=f, language="en", **kwargs)
+
+
+def test_every_format_equals_tandem_transcribe(server, clips, alone):
+    from pipelines.asr.outputs import format_srt
+
+    client = server.client()
+    plain, timed = alone[False][0], alone[True][0]
+    got = _transcribe(client, clips[0])
+    assert got.text == plain.text
+    figures = got.model_extra["tandem"]
+    assert figures["tokens"] == plain.tokens and figures["decoder_seconds"] > 0
+    assert figures["drafted"] > 0 and 0 <= figures["acceptance"] <= 1  # the pair's assistant drafted
+    assert _transcribe(client, clips[0], response_format="text").strip() == plain.text
+    assert _transcribe(client, clips[0], response_format="srt") == format_srt(timed.segments)
+    verbose = _transcribe(client, clips[0], response_format="verbose_json", timestamp_granularities=["segment"])
+    assert verbose.text == timed.text and verbose.language == "english"
+    assert [(s.start, s.end, s.text) for s in verbose.segments] == [(s.start, s.end, s.text) for s in timed.segments]
+    with pytest.raises(openai.BadRequestError, match="word"):
+        _transcribe(client, clips[0], response_format="verbose_json", timestamp_granularities=["word"])
+
+
+def test_concurrent_requests_equal_one_at_a_time_and_share_batches(server, clips, alone):
+    client = server.client()
+    with ThreadPoolExecutor(len(clips)) as pool:
+        texts = list(pool.map(lambda c: _transcribe(client, c).text, clips))
+    assert texts == [t.text for t in alone[False]]
+    import urllib.request
+
+    req = urllib.request.Request(f"{server.url}/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        metrics = r.read().decode()
+    value = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines() if line and line[0] != "#"}
+    # some batch took more than one request at once (the rest joined at step boundaries or went alone)
+    assert value['tandem_batch_admitted_requests_sum{kind="asr"}'] > value['tandem_batch_admitted_requests_count{kind="asr"}']
+    assert value['tandem_requests_total{endpoint="transcriptions",status="200"}'] >= len(clips)
+    assert value["tandem_queue_length"] == 0 and value["tandem_audio_seconds_total"] > 0
+
+
+def test_models_lists_the_served_pair(server):
+    ids = [m.id for m in server.client().models.list()]
+    assert ids == [PAIR, "whisper-1"]
+
+
+def test_bad_requests_get_openai_errors_and_the_server_goes_on(server, clips, alone, tmp_path):
+    client = server.client()
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.audio.transcriptions.create(model=PAIR, file=("clip.wav", b"plain text, not audio at all\n" * 40))
+    assert bad.value.status_code == 400 and bad.value.body["code"] == "invalid_audio"
+    assert set(bad.value.response.json()["error"]) == {"message", "type", "param", "code"}
+    with pytest.raises(openai.AuthenticationError):
+        _transcribe(server.client("wrong-key"), clips[0])
+    with pytest.raises(openai.NotFoundError):
+        client.audio.transcriptions.create(model="no-such-model", file=clips[0])
+    with pytest.raises(openai.BadRequestError, match="response_format"):
+        _transcribe(client, clips[0], response_format="docx")
+    with pytest.raises(openai.APIStatusError) as big:
+        client.audio.transcriptions.create(model=PAIR, file=("big.wav", b"\0" * (3 << 20)))
+    assert big.value.status_code == 413
+    assert _transcribe(client, clips[1]).text == alone[False][1].text  # still serving
+
+
+def test_options_refuse_an_open_host_without_a_key():
+    from pipelines.serve import ServeOptions, ServeOptionsError, is_loopback
+
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0")
+    with pytest.raises(ServeOptionsError, match="--api-key"):
+        ServeOptions(host="0.0.0.0")
+    ServeOptions(host="0.0.0.0", api_key="k")
+    with pytest.raises(ServeOptionsError, match="--max-batch"):
+        ServeOptions(max_batch=0)
+
+
+# ----------------------------------------------------------------------------------------------------
+# chat completions on a tiny chat pair
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+                 "{% if add_generation_prompt %}<s>assistant:{% endif %}")
+
+
+def _chat_models(root: Path) -> Path:
+    import torch
+    import yaml
+    from local_models import train_tokenizer
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    for role, layers, seed in (("main", 2, 0), ("small", 1, 1)):
+        folder = root / role
+        tok = train_tokenizer(folder)
+        tok.chat_template = CHAT_TEMPLATE
+        tok.save_pretrained(folder)
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(LlamaConfig(
+            vocab_size=len(tok), hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
+            num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256, initializer_range=0.25,
+            tie_word_embeddings=False, bos_token_id=0, eos_token_id=2, pad_token_id=1)).eval()
+        model.generation_config = GenerationConfig(bos_token_id=0, eos_token_id=2, pad_token_id=1)
+        model.save_pretrained(folder)
+    path = root / "models.yaml"
+    path.write_text(yaml.safe_dump({"pairs": {"tiny-chat": {
+        "task": "summarize", "main": {"local": str(root / "main")}, "assistant": {"local": str(root / "small")}}},
+        "defaults": {"summarize": "tiny-chat"}}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def chat_server(tmp_path_factory):
+    from pipelines.models.registry import load_registry
+    from pipelines.serve import ServeOptions, load_served
+    from pipelines.serve.app import create_app
+    from pipelines.serve.chat import ChatEngine
+    from pipelines.text import TextRunner
+
+    models = _chat_models(tmp_path_factory.mktemp("chat-models"))
+    engine = ChatEngine(TextRunner(load_registry(models).get("tiny-chat")))
+    s = _Server(create_app(load_served(ServeOptions(models=str(models)), chat=engine)))
+    yield s, engine
+    s.stop()
+
+
+def test_chat_completion_equals_generate_whole_and_streamed(chat_server):
+    import torch
+
+    server, engine = chat_server
+    client = server.client()
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Summarize the project."}]
+    ids = engine.prompt(messages)
+    with torch.inference_mode():
+        out = engine.runner.model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)
+    expected = engine.runner.tok.decode(out[0, len(ids):], skip_special_tokens=True).strip()
+    got = client.chat.completions.create(model="tiny-chat", messages=messages, max_tokens=12, temperature=0)
+    assert got.choices[0].message.content == expected
+    assert got.usage.prompt_tokens == len(ids) and got.model_extra["tandem"]["tokens"] == got.usage.completion_tokens
+    chunks = list(client.chat.completions.create(model="tiny-chat", messages=messages, max_tokens=12, temperature=0,
+                                                 stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    assert [m.id for m in client.models.list()] == ["tiny-chat"]
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4o", messages=messages)
+    with pytest.raises(openai.BadRequestError, match="role"):
+        client.chat.completions.create(model="tiny-chat", messages=[{"role": "robot", "content": "hi"}])
