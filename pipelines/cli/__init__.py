@@ -28,8 +28,8 @@ def _quiet_libraries() -> None:
 
 # Commands whose models may run on CUDA; the others run on the CPU ("auto" means the CPU for them): bench scale
 # measures the batch job's throughput by CPU threads and Ray actors on one machine.
-CUDA_COMMANDS = {"transcribe", "translate", "summarize", "eval", "regress", "demo", "ui", "distill", ("bench", "asr"),
-                 ("bench", "shapes"), ("bench", "engine"), ("bench", "text")}
+CUDA_COMMANDS = {"transcribe", "translate", "summarize", "eval", "regress", "demo", "ui", "serve", "distill",
+                 ("bench", "asr"), ("bench", "shapes"), ("bench", "engine"), ("bench", "text")}
 
 
 def _resolve_device(args: argparse.Namespace) -> str:

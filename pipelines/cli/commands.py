@@ -364,6 +364,18 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return serve(ui_command(args.port), cwd=PROJECT_ROOT / "ui", env=env)
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``tandem serve``: the OpenAI-compatible server (pipelines/serve), options checked before anything loads."""
+    from ..serve import ServeOptions, require_serve, run_server
+
+    options = ServeOptions(host=args.host, port=args.port, asr_pair=args.pair, text_pair=args.text_model,
+                           max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+                           api_key=args.api_key or os.environ.get("TANDEM_API_KEY") or None,
+                           max_upload_mb=args.max_upload_mb, device=args.device, dtype=args.dtype, models=args.models)
+    require_serve()
+    return run_server(options)
+
+
 def serve(command: list[str], cwd: Path, env: dict[str, str]) -> int:
     """Run a server child until it exits, handing it SIGINT and SIGTERM (``kill PID`` on us stops it too, so
     it never outlives us holding its port). Returns its exit status (128 + the signal for a signalled exit)."""

@@ -20,6 +20,7 @@ from .arguments import (
     positive,
     temperatures,
     threshold,
+    whole_number,
 )
 from .commands import (
     cmd_bench_asr,
@@ -34,6 +35,7 @@ from .commands import (
     cmd_eval,
     cmd_models,
     cmd_regress,
+    cmd_serve,
     cmd_text,
     cmd_transcribe,
     cmd_ui,
@@ -55,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=count, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--device", metavar="DEVICE", default=None, help=DEVICE_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (add_transcribe, add_translate, add_summarize, add_demo, add_ui, add_models, add_data, add_eval,
-                add_bench, add_regress, add_distill):
+    for add in (add_transcribe, add_translate, add_summarize, add_demo, add_ui, add_serve, add_models, add_data,
+                add_eval, add_bench, add_regress, add_distill):
         add(sub)
     return parser
 
@@ -297,6 +299,25 @@ def add_ui(sub) -> None:
     p = add_command(sub, "ui", help="serve the Streamlit app (Translate, Summarize, Transcribe) on 127.0.0.1")
     p.add_argument("--port", type=port, default=8501, help="the Streamlit server's port")
     p.set_defaults(func=cmd_ui)
+
+
+def add_serve(sub) -> None:
+    p = add_command(sub, "serve", help="an OpenAI-compatible HTTP server (/v1/audio/transcriptions, /v1/chat/"
+                    "completions, /v1/models, /metrics; needs pip install -e '.[serve]'; docs/server.md)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind; any other than loopback needs --api-key")
+    p.add_argument("--port", type=port, default=8000, help="TCP port")
+    add_model(p, "asr pair served at /v1/audio/* (default: the registry's asr default; 'whisper-1' names it too)")
+    p.add_argument("--text-model", metavar="NAME", help="a chat text pair served at /v1/chat/completions (e.g. "
+                   "qwen2.5-coder-1.5b+0.5b-translate; default: none)")
+    add_dtype(p)
+    p.add_argument("--max-batch", type=count, default=8, metavar="N", help="requests (their windows) decoded together")
+    p.add_argument("--max-wait-ms", type=whole_number(0, 60000), default=10, metavar="MS",
+                   help="how long a batch that could start waits for more requests")
+    p.add_argument("--api-key", metavar="KEY", help="clients must send 'Authorization: Bearer KEY' (default: "
+                   "$TANDEM_API_KEY; none on loopback)")
+    p.add_argument("--max-upload-mb", type=positive, default=25.0, metavar="MB", help="largest audio upload (413 "
+                   "beyond)")
+    p.set_defaults(func=cmd_serve)
 
 
 def add_demo(sub) -> None:
