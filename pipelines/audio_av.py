@@ -19,8 +19,9 @@ GAP_SECONDS = 0.02  # a jump in the stream's timestamps beyond this is a hole (l
 
 
 def _start_offset(container, stream) -> float:
-    """Seconds from the container's start (its earliest stream's) to the track's first sample; never negative."""
-    if stream.start_time is None or stream.time_base is None:
+    """Seconds from the container's start (its earliest stream's) to the track's first sample; never negative,
+    and 0 for a file of one stream (a player counts its time from that stream's start)."""
+    if stream.start_time is None or stream.time_base is None or len(container.streams) == 1:
         return 0.0
     starts = [float(s.start_time * s.time_base) for s in container.streams
               if s.start_time is not None and s.time_base is not None]
