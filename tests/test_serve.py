@@ -165,8 +165,13 @@ def test_bad_requests_get_openai_errors_and_the_server_goes_on(server, clips, al
     assert _transcribe(client, clips[1]).text == alone[False][1].text  # still serving
 
 
-def test_options_refuse_an_open_host_without_a_key():
+def test_options_refuse_an_open_host_without_a_key(capsys, monkeypatch):
+    from pipelines.cli import main
     from pipelines.serve import ServeOptions, ServeOptionsError, is_loopback
+
+    monkeypatch.delenv("TANDEM_API_KEY", raising=False)
+    assert main(["serve", "--host", "0.0.0.0"]) == 2  # before any model loads
+    assert "--api-key" in capsys.readouterr().err
 
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0")
