@@ -225,7 +225,7 @@ def test_transcribe_reads_its_references_before_any_model_loads(tmp_path, speech
     """--refs that is missing, not JSON lines, or lacks 'reference' is one line and exit 2 before anything is
     transcribed (it was read after the whole run: a traceback for bad JSON); a manifest file named without a
     suffix, or a folder holding manifest.jsonl, is read as such (it was taken for a set's name)."""
-    from pipelines.asr import batch
+    from pipelines.cli import transcribe as batch  # the command's module: --refs is read there
 
     clip = speech_real[0]["audio_path"]
     (tmp_path / "bad.jsonl").write_text("{bad json\n")

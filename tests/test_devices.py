@@ -123,7 +123,7 @@ def test_device_is_part_of_the_resume_signature():
 
 
 def test_the_transcribe_summary_names_dtype_and_device(registry):
-    from pipelines.asr.batch import _mode
+    from pipelines.cli.transcribe import describe_mode as _mode
 
     pair = registry.get("whisper-base+distilled")
     assert ", float32 on cpu, batch 4" in _mode(pair, TranscribeOptions(), None)

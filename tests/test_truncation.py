@@ -46,7 +46,7 @@ def test_the_cli_line_says_the_summary_was_cut(local_models_file, monkeypatch, c
 
 def test_a_whisper_window_cut_by_its_token_limit(registry, speech_real, tmp_path, capsys):
     from pipelines.asr import TranscribeOptions, transcribe
-    from pipelines.asr.batch import summary_lines  # noqa: F401  (the CLI's summary names the cut windows)
+    from pipelines.cli.transcribe import summary_lines  # noqa: F401  (the CLI's summary names the cut windows)
     from pipelines.asr.outputs import format_json
     from pipelines.cli import main
 

@@ -86,41 +86,12 @@ def cmd_data_list(args: argparse.Namespace) -> int:
 # tandem transcribe / demo
 
 
-def _safeguards(args: argparse.Namespace) -> dict:
-    return {"temperature": args.temperature, "compression_ratio_threshold": args.compression_ratio_threshold,
-            "logprob_threshold": args.logprob_threshold, "no_speech_threshold": args.no_speech_threshold,
-            "vad_filter": args.vad_filter, "initial_prompt": args.initial_prompt, "hotwords": args.hotwords,
-            "condition_on_previous_text": args.condition_on_previous_text,
-            "prompt_reset_on_temperature": args.prompt_reset_on_temperature}
-
-
 def cmd_transcribe(args: argparse.Namespace) -> int:
-    from ..asr.outputs import FORMATS
+    from .transcribe import output_formats, ray_options, run_transcribe, transcribe_options
 
-    # -f all: every format, as whisper's --output_format all
-    formats = tuple(f.strip().lower() for f in args.formats.split(",") if f.strip())
-    formats = FORMATS if formats == ("all",) else formats
-
-    bad = [f for f in formats if f not in FORMATS]
-    if bad:
-        print(f"tandem: unknown format {bad[0]!r}; choose from {', '.join(FORMATS)}", file=sys.stderr)
-        return 2
-    from ..asr.batch import run_transcribe
-
-    ray = None
-    if args.ray is not None:
-        from ..scale import RayOptions
-
-        try:
-            ray = RayOptions(address=args.ray, actors=args.actors, threads_per_actor=args.threads_per_actor,
-                             files_per_task=args.files_per_task)
-        except ValueError as e:
-            print(f"tandem: {e}", file=sys.stderr)
-            return 2
-    return run_transcribe(args.paths, args.pair, args.language, args.task, args.dtype, args.refs, args.models,
-                          use_assistant=not args.no_assistant, compare=args.compare, out=args.out, formats=formats,
-                          batch_size=args.batch_size, timestamps=args.timestamps, long_form=args.long_form,
-                          lookahead=args.lookahead, safeguards=_safeguards(args), ray=ray, device=args.device)
+    formats = output_formats(args.formats)
+    return run_transcribe(args.paths, args.pair, transcribe_options(args, formats), refs=args.refs,
+                          models=args.models, out=args.out, formats=formats, ray=ray_options(args))
 
 
 def _read_text_file(name: str, what: str) -> str:
@@ -405,10 +376,12 @@ def serve(command: list[str], cwd: Path, env: dict[str, str]) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     """Build the real-speech sample set and transcribe it on the default ASR pair, also decoding plainly
     (--compare) so the summary shows the speedup and the identical-output rate next to the WER."""
-    from ..asr.batch import run_transcribe
+    from ..asr.options import TranscribeOptions
     from ..quality.sets import MANIFEST, build_set
+    from .transcribe import run_transcribe
 
     info = build_set("speech-real")
     print(f"sample audio: {info.count} real utterances in {info.folder / 'audio'}")
-    return run_transcribe([str(info.folder / "audio")], None, "en", "transcribe", None,
-                          str(info.folder / MANIFEST), args.models, compare=True, batch_size=1, device=args.device)
+    options = TranscribeOptions(compare=True, batch_size=1, device=args.device)
+    return run_transcribe([str(info.folder / "audio")], None, options, refs=str(info.folder / MANIFEST),
+                          models=args.models)
