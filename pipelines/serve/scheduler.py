@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..asr import TranscribeOptions, Transcript, transcribe
+from ..errors import TandemError
 
 
 @dataclass
@@ -38,7 +39,7 @@ class Job:
     enqueued: float = field(default_factory=time.monotonic)
 
 
-class SchedulerClosed(RuntimeError):
+class SchedulerClosed(TandemError, RuntimeError):
     """The server is shutting down: no new requests."""
 
 
@@ -178,5 +179,5 @@ def result_of(transcript: Transcript) -> Transcript:
     return transcript
 
 
-class AudioError(ValueError):
+class AudioError(TandemError, ValueError):
     """The uploaded file is not audio the server can decode."""
