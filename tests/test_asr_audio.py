@@ -88,3 +88,27 @@ def test_the_audio_note_names_what_was_wrong():
                       start_offset=4.978, decode_warnings=("a damaged block at 4.79 s was skipped", "1.47 s lost"))
     assert hole.audio_note == ("damaged (a damaged block at 4.79 s was skipped and 1 more), 8.5 s recovered; "
                                "audio track 1 of 2 (counted from 0); audio starts at 4.98 s")
+
+
+def test_the_command_names_damaged_files_and_the_track_it_read(tmp_path, clips, capsys):
+    from pipelines.cli import main
+
+    inbox, out = tmp_path / "in", tmp_path / "out"
+    inbox.mkdir()
+    mux(inbox / "two.mkv", "matroska", [(load_audio(clips[0]), 0.0), (load_audio(clips[1]), 0.0)])
+    sf.write(inbox / "cut.flac", load_audio(clips[0]), 16000)
+    data = (inbox / "cut.flac").read_bytes()
+    (inbox / "cut.flac").write_bytes(data[: len(data) // 2])
+    code = main(["transcribe", str(inbox), "--model", "whisper-base", "--out", str(out), "-f", "json"])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "cut.flac (truncated, 1." in printed and "two.mkv (2 audio tracks: 0 read)" in printed
+    assert json.loads((out / "cut.json").read_text())["truncated"] is True
+    assert json.loads((out / "two.json").read_text())["audio_track"] == 0
+
+    code = main(["transcribe", str(inbox / "two.mkv"), "--model", "whisper-base", "--audio-track", "1",
+                 "--out", str(out), "-f", "json"])
+    printed = capsys.readouterr().out
+    record = json.loads((out / "two.json").read_text())
+    assert code == 0 and record["audio_track"] == 1 and "forward" in record["text"].lower()
+    assert "audio track 1 of 2 (counted from 0)" in printed

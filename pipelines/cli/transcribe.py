@@ -48,7 +48,7 @@ def transcribe_options(args: argparse.Namespace, formats: tuple[str, ...]) -> Tr
             logprob_threshold=args.logprob_threshold, no_speech_threshold=args.no_speech_threshold,
             vad_filter=args.vad_filter, initial_prompt=args.initial_prompt, hotwords=args.hotwords,
             condition_on_previous_text=args.condition_on_previous_text,
-            prompt_reset_on_temperature=args.prompt_reset_on_temperature)
+            prompt_reset_on_temperature=args.prompt_reset_on_temperature, audio_track=args.audio_track)
     except ValueError as e:  # --lookahead, a safeguard's value, a combination
         raise BatchError(str(e)) from None
 
@@ -135,6 +135,7 @@ def _progress(bar, start: float) -> Callable[[Transcript], None]:
     def show(result: Transcript) -> None:
         name = display(Path(result.path).name)
         cut = f"  [cut by the token limit in {result.cut} window(s): finish_reason length]" if result.cut else ""
+        cut += f"  [{result.audio_note}]" if result.audio_note else ""
         bar.write(f"{name}  [{result.duration:.1f} s audio]  {result.text}{cut}" if result.ok
                   else f"{name}  FAILED: {result.error}")
         audio[0] += result.duration
@@ -181,10 +182,29 @@ def summary_lines(run: BatchRun, job: BatchJob, refs: dict[str, str], out: str |
     if cut:
         lines.append(f"  cut:             {sum(r.cut for r in cut)} window(s) in {len(cut)} file(s) stopped at the "
                      "token limit before their end (finish_reason length in their json)")
+    lines += audio_lines(good)
     if job.not_audio:
         lines.append("  " + skipped_line(job.not_audio, display(Path(out) / "skipped.tsv") if job.tree else None))
     if run.failed and job.tree:
         lines.append(f"  failures:        {Path(out) / 'failures.tsv'}")
+    return lines
+
+
+def audio_lines(good: list[Transcript]) -> list[str]:
+    """The summary's lines on the audio itself: the files decoded only in part (damaged or truncated, with the
+    seconds recovered), and the files of several audio tracks (which one was read)."""
+    lines = []
+    named = lambda rs, say: ", ".join(f"{display(Path(r.path).name)} ({say(r)})" for r in rs[:5]) + (  # noqa: E731
+        f" and {len(rs) - 5} more" if len(rs) > 5 else "")
+    damaged = [r for r in good if r.damaged]
+    if damaged:
+        say = lambda r: f"{'truncated' if r.truncated else 'damaged'}, {r.seconds_recovered or 0:.1f} s recovered"  # noqa: E731
+        lines.append(f"  damaged:         {len(damaged)} file(s) decoded as far as they go: {named(damaged, say)}"
+                     " (decode_warnings in their json)")
+    tracks = [r for r in good if r.audio_track is not None]
+    if tracks:
+        lines.append(f"  audio tracks:    {named(tracks, lambda r: f'{r.audio_tracks} audio tracks: {r.audio_track} read')}"
+                     "; --audio-track N reads another (0-based)")
     return lines
 
 
