@@ -1,0 +1,103 @@
+"""Weight-only int8/int4 linear layers (``models/quantize.py``) keep assisted output equal to plain output: a
+row's product has the same bits alone as in a batch, one verify pass gives each token the logits of a plain
+step bit for bit, and greedy assisted decoding equals plain decoding token for token on a small random Llama
+(both on its own quantized drafter and on prompt lookup, constant and random lookahead schedules)."""
+
+import pytest
+import torch
+from toy_models import make_causal, sources
+
+from pipelines.engine import (
+    AssistedDecoder,
+    DecodeOptions,
+    PolicyOptions,
+    as_decoder,
+    model_drafter,
+    prompt_lookup,
+    rules_from_generation_config,
+)
+from pipelines.models.quantize import QuantizeOptions, WeightOnlyLinear, quantize_model, quantized
+
+CASES = [("int8", 32), ("int4", 32)]  # the toy model's 32 hidden features: int4 groups of 32
+
+
+def _quantized_llama(dtype: str, group: int, layers: int = 2, seed: int = 0, compute=torch.bfloat16):
+    model = make_causal("llama", layers=layers, seed=seed).to(compute)
+    replaced = quantize_model(model, dtype, group)
+    assert replaced == 7 * layers and quantized(model) == QuantizeOptions(dtype, group)
+    assert isinstance(model.lm_head, torch.nn.Linear)  # the head stays in the compute dtype
+    return model
+
+
+@pytest.mark.parametrize("dtype,group", CASES + [("int4", 64), ("int4", 128)])
+@pytest.mark.parametrize("compute", [torch.bfloat16, torch.float32])
+def test_a_rows_bits_do_not_depend_on_its_batch(dtype, group, compute):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(128, 96, bias=True).to(compute)
+    layer = WeightOnlyLinear(linear, QuantizeOptions(dtype, group))
+    x = torch.randn(8, 128).to(compute)
+    alone = torch.stack([layer(x[r : r + 1])[0] for r in range(8)])
+    for rows in range(1, 9):
+        assert torch.equal(layer(x[:rows]), alone[:rows]), rows
+    # and it computes the linear layer, to the rounding of its weights
+    close = torch.nn.functional.cosine_similarity(layer(x).float(), linear(x).float(), dim=-1)
+    assert close.min() > (0.999 if dtype == "int8" else 0.99), close.min()
+
+
+@pytest.mark.parametrize("dtype,group", CASES)
+def test_one_verify_pass_gives_the_logits_of_plain_steps_bit_for_bit(dtype, group):
+    model = _quantized_llama(dtype, group)
+    dec = as_decoder(model)
+    prompt = sources(1, seed=7, lengths=(9,))[0][0].tolist()
+    drafts = [5, 17, 30, 11, 8, 40]  # six drafts: the last prompt token and them take two passes of width 4
+    for k in (1, 3, 6):
+        cache = dec.new_cache(1, 64)
+        verify, _ = dec.forward([prompt + drafts[:k]], cache, None, pad_id=1, need_from=[len(prompt) - 1])
+        verify = verify[0, len(prompt) - 1 :]
+        cache = dec.new_cache(1, 64)
+        steps, real = dec.forward([prompt], cache, None, pad_id=1, need_from=[len(prompt) - 1])
+        plain = [steps[0, -1].clone()]
+        cache.commit(real)
+        for token in drafts[:k]:
+            step, real = dec.forward([[token]], cache, None, pad_id=1)
+            plain.append(step[0, 0].clone())
+            cache.commit(real)
+        assert torch.equal(verify, torch.stack(plain)), (dtype, k)
+
+
+@pytest.mark.parametrize("dtype,group", CASES)
+def test_greedy_assisted_equals_plain_token_for_token(dtype, group):
+    main = _quantized_llama(dtype, group)
+    helper = _quantized_llama(dtype, group, layers=1, seed=5)
+    ids, mask = sources(5, seed=3)
+    prompts = [ids[b, : int(mask[b].sum())].tolist() for b in range(5)]
+    max_new = 24
+    rules = rules_from_generation_config(main.generation_config, len(prompts[0]), max_new)
+    pad = main.config.pad_token_id
+    decoder = as_decoder(main)
+    plain = AssistedDecoder(decoder, None, pad_id=pad)
+    policies = (PolicyOptions("constant", 3), PolicyOptions("constant", 6), PolicyOptions("random", 8, seed=7))
+    for batch in (1, 5):
+        expected = []
+        for s in range(0, 5, batch):
+            r = plain.generate(prompts[s : s + batch], rules, DecodeOptions(max_new_tokens=max_new))
+            expected += [list(t) for t in r.tokens]
+        assert sum(len(t) for t in expected) > 5 * max_new // 2  # most rows run long
+        for drafter in (model_drafter(as_decoder(helper, assistant=True), share_encoder=False, pad_id=pad),
+                        prompt_lookup(ngram=2)):
+            engine = AssistedDecoder(decoder, drafter, pad_id=pad)
+            for policy in policies if batch > 1 else policies[2:]:
+                got, drafted = [], 0
+                for s in range(0, 5, batch):
+                    r = engine.generate(prompts[s : s + batch], rules, DecodeOptions(max_new_tokens=max_new, policy=policy))
+                    got += [list(t) for t in r.tokens]
+                    drafted += r.stats.drafted
+                assert got == expected, (dtype, batch, policy)
+                assert drafted > 0
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="weight dtype"):
+        QuantizeOptions("int3")
+    with pytest.raises(ValueError, match="group size"):
+        QuantizeOptions("int4", 48)
