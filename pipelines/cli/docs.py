@@ -32,7 +32,8 @@ def iter_commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ("tan
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    # argparse's help strings escape % as %%; the table shows the text as --help prints it
+    return text.replace("%%", "%").replace("|", "\\|").replace("\n", " ")
 
 
 def _default(action: argparse.Action) -> str:
