@@ -20,9 +20,10 @@ from .options import Progress, Segment, TranscribeOptions, Transcript
 from .prompts import PromptHistory, prompt_tokens, window_prompt
 from .runner import WhisperRunner, check_prompts
 from .safeguards import MIN_AUDIO_SECONDS, decide
-from .segments import clamp_segments, describe_segments, segments_from_tokens, split_at_pauses, tighten_segments
+from .segments import clamp_segments, describe_segments, split_at_pauses, tighten_segments, timed_pieces
 from .vad import filter_speech, require_vad
 from .windows import WindowReader, decode_fields, in_container_time, is_silent_window, quiet_cut, voiced_frames
+from .words import add_word_timestamps
 
 
 @dataclass
@@ -52,11 +53,13 @@ class _Cursor:
     hist: Counter = field(default_factory=Counter)  # accepted drafts per round -> rounds
     cut: int = 0  # windows whose kept decode stopped at max_new_tokens, not at end of text
     leftovers: list[tuple[int, np.ndarray]] = field(default_factory=list)  # chunked: (start, samples) to redo
+    last_speech: float = 0.0  # word timestamps: where the file's last word so far ends (whisper's heuristics)
 
 
 def _open(path: Path, options: TranscribeOptions) -> _Cursor:
     reader = WindowReader(path, options.audio_track)
-    return _Cursor(path, reader, single=reader.is_single_window() and not options.timestamps)
+    timestamps = options.timestamps or options.word_timestamps  # words need segments, as in whisper
+    return _Cursor(path, reader, single=reader.is_single_window() and not timestamps)
 
 
 def _finish(cur: _Cursor, compare: bool) -> Transcript:
@@ -166,7 +169,7 @@ def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptio
                 _account(items[r].cursor, result, j, 1.0 / len(rows))
             for cur in {id(items[r].cursor): items[r].cursor for r in rows}.values():
                 cur.hist.update(result.stats.accepted_hist)
-        for piece, verdict in zip(items, verdicts):
+        for row, (piece, verdict) in enumerate(zip(items, verdicts)):
             cur, start, audio = piece.cursor, piece.start, piece.audio
             cur.seconds += encode_s / len(items)
             cur.retried += verdict.retried > 0
@@ -180,16 +183,22 @@ def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptio
             cur.cut += kept and eot not in verdict.tokens and len(verdict.tokens) >= options.max_new_tokens
             offset = start / SAMPLE_RATE
             length = len(audio) / SAMPLE_RATE
+            pieces: list = []
             if verdict.skipped or verdict.dropped:
                 segs, advance = [], length  # nothing said (or nothing worth keeping) in this window
             elif timestamps:
-                segs, advance = segments_from_tokens(tokens, runner.timestamp_begin, offset, length,
-                                                     runner.tokenizer.decode)
+                pieces, advance = timed_pieces(tokens, runner.timestamp_begin, offset, length, runner.tokenizer.decode)
+                segs = [seg for seg, _ in pieces if seg is not None]
             else:
                 text = runner.text_of(tokens)
                 segs, advance = ([Segment(round(offset, 2), round(offset + length, 2), text)] if text else []), length
             voiced = voiced_frames(audio)
-            segs = split_at_pauses(tighten_segments(segs, voiced, offset), voiced, offset)
+            if options.word_timestamps and segs:  # whisper's: segments take their words' bounds (words.py)
+                segs, cur.last_speech = add_word_timestamps(
+                    runner, enc.hidden[row], cur.prompt, pieces, min(3000, len(audio) // 160), offset, cur.language,
+                    cur.last_speech, options.prepend_punctuations, options.append_punctuations)
+            else:
+                segs = split_at_pauses(tighten_segments(segs, voiced, offset), voiced, offset)
             cur.segments += describe_segments(clamp_segments(segs, offset + length), verdict, options.no_speech_threshold)
             if not _in_chunks(cur, options):
                 cur.seek += max(1, int(round(advance * SAMPLE_RATE)))

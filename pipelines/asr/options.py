@@ -47,6 +47,10 @@ class TranscribeOptions:
     condition_on_previous_text: bool = False  # each window also reads the file's text so far (sequential only)
     prompt_reset_on_temperature: float = 0.5  # a window kept above this temperature starts the history anew
     audio_track: int = 0  # which audio stream of a file with several (0-based among its audio streams)
+    # Word-level timestamps (words.py, whisper's method and names): each segment's words, timestamps forced on
+    word_timestamps: bool = False
+    prepend_punctuations: str = "\"'“¿([{-"  # marks joined to the word after them
+    append_punctuations: str = "\"'.。,，!！?？:：”)]}、"  # marks joined to the word before them
 
     def __post_init__(self) -> None:
         check_options(self)
@@ -62,6 +66,16 @@ class TranscribeOptions:
 
 
 @dataclass(frozen=True)
+class Word:
+    """A word of a segment (``word_timestamps``), faster-whisper's names; ``word`` keeps its leading space."""
+
+    start: float  # seconds from the start of the file
+    end: float
+    word: str
+    probability: float  # mean probability of its tokens
+
+
+@dataclass(frozen=True)
 class Segment:
     start: float  # seconds from the start of the file
     end: float
@@ -71,6 +85,7 @@ class Segment:
     compression_ratio: float | None = None  # of the window's text
     temperature: float | None = None  # of the window's kept decode (above 0: a fallback)
     no_speech: bool = False  # p(no speech) was above no_speech_threshold; kept because the text was confident
+    words: tuple[Word, ...] = ()  # with word_timestamps: its words, in order
 
 
 @dataclass(frozen=True)

@@ -59,8 +59,16 @@ def format_tsv(segments: tuple[Segment, ...]) -> str:
 def format_json(t: Transcript) -> str:
     data = asdict(t)
     data["path"] = display(t.path)  # valid UTF-8 whatever bytes the name has
-    data["segments"] = [asdict(s) for s in t.segments]
+    data["segments"] = [_segment_json(s) for s in t.segments]
     return json.dumps(data, ensure_ascii=False, indent=1)
+
+
+def _segment_json(s: Segment) -> dict:
+    """A segment as JSON, with ``words`` (whisper's: start, end, word, probability) only when it has some."""
+    data = asdict(s)
+    if not s.words:
+        del data["words"]
+    return data
 
 
 def render(t: Transcript, fmt: str) -> str:
@@ -87,6 +95,8 @@ def run_signature(pair_name: str, options) -> str:
         keys["device"] = options.device
     if getattr(options, "audio_track", 0):  # another track is another transcript
         keys["audio_track"] = options.audio_track
+    if getattr(options, "word_timestamps", False):  # words, and segments bounded by them
+        keys["words"] = [options.prepend_punctuations, options.append_punctuations]
     return hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -17,10 +17,18 @@ def segments_from_tokens(tokens: list[int], timestamp_begin: int, offset: float,
     Consecutive timestamp pairs close one segment and open the next. If the window ends with a complete
     segment (two timestamps in a row), the next window starts at the last timestamp; if it ends with a
     single timestamp (nothing more was said), the whole window is consumed."""
+    pieces, advance = timed_pieces(tokens, timestamp_begin, offset, window_seconds, decode)
+    return [seg for seg, _ in pieces if seg is not None], advance
+
+
+def timed_pieces(tokens: list[int], timestamp_begin: int, offset: float, window_seconds: float,
+                 decode) -> tuple[list[tuple[Segment | None, list[int]]], float]:
+    """``segments_from_tokens`` keeping every piece between timestamps with its text tokens: (its Segment, or
+    None when its text is empty, and the tokens), as word timestamps need them (words.py)."""
     is_ts = [t >= timestamp_begin for t in tokens]
     single_ending = len(tokens) >= 2 and is_ts[-2:] == [False, True]
     cuts = [i for i in range(1, len(tokens)) if is_ts[i] and is_ts[i - 1]]
-    segments: list[Segment] = []
+    segments: list[tuple[Segment | None, list[int]]] = []
     if cuts:
         bounds = cuts + ([len(tokens)] if single_ending else [])
         last = 0
@@ -30,9 +38,10 @@ def segments_from_tokens(tokens: list[int], timestamp_begin: int, offset: float,
                 start = (piece[0] - timestamp_begin) * TIME_PRECISION
                 end_tok = piece[-1] if piece[-1] >= timestamp_begin else piece[0]
                 end = (end_tok - timestamp_begin) * TIME_PRECISION
-                text = decode([t for t in piece if t < timestamp_begin]).strip()
-                if text:
-                    segments.append(Segment(round(offset + start, 2), round(offset + max(end, start), 2), text))
+                text_tokens = [t for t in piece if t < timestamp_begin]
+                text = decode(text_tokens).strip()
+                segments.append((Segment(round(offset + start, 2), round(offset + max(end, start), 2), text)
+                                 if text else None, text_tokens))
             last = cut
         if single_ending:
             advance = window_seconds
@@ -42,9 +51,10 @@ def segments_from_tokens(tokens: list[int], timestamp_begin: int, offset: float,
     else:
         stamps = [t for t in tokens if t >= timestamp_begin]
         end = (stamps[-1] - timestamp_begin) * TIME_PRECISION if stamps and stamps[-1] > timestamp_begin else window_seconds
-        text = decode([t for t in tokens if t < timestamp_begin]).strip()
-        if text:
-            segments.append(Segment(round(offset, 2), round(offset + min(end, window_seconds), 2), text))
+        text_tokens = [t for t in tokens if t < timestamp_begin]
+        text = decode(text_tokens).strip()
+        segments.append((Segment(round(offset, 2), round(offset + min(end, window_seconds), 2), text)
+                         if text else None, text_tokens))
         advance = window_seconds
     return segments, advance
 

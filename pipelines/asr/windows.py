@@ -62,7 +62,9 @@ def in_container_time(segments: list[Segment], report: DecodeReport) -> list[Seg
     offset = report.start_offset
     if not offset:
         return segments
-    return [replace(s, start=round(s.start + offset, 3), end=round(s.end + offset, 3)) for s in segments]
+    return [replace(s, start=round(s.start + offset, 3), end=round(s.end + offset, 3),
+                    words=tuple(replace(w, start=round(w.start + offset, 3), end=round(w.end + offset, 3)) for w in s.words))
+            for s in segments]
 
 
 def decode_fields(report: DecodeReport) -> dict:
