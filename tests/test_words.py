@@ -126,3 +126,52 @@ def test_words_with_the_assistant_are_plains(registry, base_runner, clips, tmp_p
     assisted = list(transcribe(files, pair, options, runner=WhisperRunner(pair)))
     assert plain[-1].duration > 30 and sum(len(s.words) for s in plain[-1].segments) > 60
     assert _words(assisted) == _words(plain)
+
+
+def _segments():
+    from pipelines.asr.options import Segment, Word
+
+    words = [Word(0.0, 0.5, " Hello", 0.9), Word(0.5, 1.0, " there,", 0.8), Word(1.2, 1.4, " my", 0.7),
+             Word(1.4, 1.8, " old", 0.9), Word(1.8, 2.4, " friend.", 0.95)]
+    return (Segment(0.0, 2.4, "Hello there, my old friend.", words=tuple(words)),)
+
+
+def test_srt_words_per_line_and_highlight_as_whispers_writer():
+    from pipelines.asr.outputs import format_srt
+    from pipelines.asr.subtitles import SubtitleOptions
+
+    assert format_srt(_segments(), SubtitleOptions(max_words_per_line=3)) == (
+        "1\n00:00:00,000 --> 00:00:01,400\nHello there, my\n\n"
+        "2\n00:00:01,400 --> 00:00:02,400\nold friend.\n")
+    cues = format_srt(_segments(), SubtitleOptions(highlight_words=True, max_words_per_line=3)).split("\n\n")
+    assert cues == ["1\n00:00:00,000 --> 00:00:00,500\n<u>Hello</u> there, my",
+                    "2\n00:00:00,500 --> 00:00:01,000\nHello <u>there,</u> my",
+                    "3\n00:00:01,000 --> 00:00:01,200\nHello there, my",  # the gap before "my", plain
+                    "4\n00:00:01,200 --> 00:00:01,400\nHello there, <u>my</u>",
+                    "5\n00:00:01,400 --> 00:00:01,800\n<u>old</u> friend.",
+                    "6\n00:00:01,800 --> 00:00:02,400\nold <u>friend.</u>\n"]
+    lines = format_srt(_segments(), SubtitleOptions(max_line_width=12, max_line_count=2))
+    assert lines == "1\n00:00:00,000 --> 00:00:01,800\nHello there,\nmy old\n\n2\n00:00:01,800 --> 00:00:02,400\nfriend.\n"
+
+
+def test_json_has_words_only_with_word_timestamps():
+    import json
+
+    from pipelines.asr.options import Transcript
+    from pipelines.asr.outputs import format_json
+
+    seg = json.loads(format_json(Transcript("a.wav", "x", 2.4, 1.0, segments=_segments())))["segments"][0]
+    assert seg["words"][0] == {"start": 0.0, "end": 0.5, "word": " Hello", "probability": 0.9}
+    bare = json.loads(format_json(Transcript("a.wav", "x", 2.4, 1.0, segments=(_segments()[0].__class__(0, 1, "x"),))))
+    assert "words" not in bare["segments"][0]
+
+
+def test_subtitle_options_need_word_timestamps():
+    from pipelines.asr.batch import BatchError
+    from pipelines.cli.parser import build_parser
+    from pipelines.cli.transcribe import subtitle_options
+
+    parse = build_parser().parse_args
+    with pytest.raises(BatchError, match="need --word-timestamps"):
+        subtitle_options(parse(["transcribe", "a.wav", "--highlight-words"]))
+    assert subtitle_options(parse(["transcribe", "a.wav", "--word-timestamps", "--max-words-per-line", "3"])).any

@@ -30,6 +30,7 @@ from .batching import transcribe
 from .inputs import Skipped, display, find_inputs
 from .options import TranscribeOptions, Transcript
 from .outputs import OutputError, OutputTree, run_signature
+from .subtitles import SubtitleOptions
 
 if TYPE_CHECKING:
     from ..scale.ray_batch import RayOptions
@@ -72,7 +73,7 @@ def pending(files: Iterable[Path], tree: OutputTree | None) -> tuple[Path, ...]:
 
 
 def plan_batch(paths: Iterable[str | os.PathLike], pair: Pair, options: TranscribeOptions, out: str | os.PathLike | None = None,
-               formats: tuple[str, ...] = ("txt",)) -> BatchJob:
+               formats: tuple[str, ...] = ("txt",), subtitles: SubtitleOptions = SubtitleOptions()) -> BatchJob:
     """Expand ``paths`` (files, folders searched recursively, globs), open ``out`` and decide what is left.
     Raises BatchError before any model loads; the returned job holds the output folder's lock."""
     paths = [os.fspath(p) for p in paths]
@@ -85,7 +86,7 @@ def plan_batch(paths: Iterable[str | os.PathLike], pair: Pair, options: Transcri
     if not inputs:
         raise BatchError("no audio files found in " + ", ".join(display(p) for p in paths)
                          + (f" ({skipped_line(not_audio)})" if not_audio else ""))
-    tree = OutputTree(out, inputs, formats, run_signature(pair.name, options)) if out else None
+    tree = OutputTree(out, inputs, formats, run_signature(pair.name, options, subtitles), subtitles) if out else None
     if tree:
         try:
             tree.open()

@@ -23,6 +23,7 @@ from ..errors import TandemError
 from ..paths import FILE_MODE, write_atomic
 from .inputs import Input, display
 from .options import Segment, Transcript
+from .subtitles import SubtitleOptions, cues
 
 FORMATS = ("txt", "json", "srt", "vtt", "tsv")
 RECORD_SUFFIX = ".tandem.json"
@@ -41,13 +42,15 @@ def timestamp(seconds: float) -> str:
     return _clock(seconds, ".")
 
 
-def format_srt(segments: tuple[Segment, ...]) -> str:
-    blocks = [f"{i}\n{_clock(s.start, ',')} --> {_clock(s.end, ',')}\n{s.text}\n" for i, s in enumerate(segments, 1)]
+def format_srt(segments: tuple[Segment, ...], subtitles: SubtitleOptions = SubtitleOptions()) -> str:
+    """SubRip: a cue per segment, or from the segments' words (``subtitles.cues``, whisper's layout)."""
+    blocks = [f"{i}\n{_clock(a, ',')} --> {_clock(b, ',')}\n{text}\n" for i, (a, b, text) in enumerate(cues(segments, subtitles), 1)]
     return "\n".join(blocks)
 
 
-def format_vtt(segments: tuple[Segment, ...]) -> str:
-    blocks = [f"{_clock(s.start, '.')} --> {_clock(s.end, '.')}\n{s.text}\n" for s in segments]
+def format_vtt(segments: tuple[Segment, ...], subtitles: SubtitleOptions = SubtitleOptions()) -> str:
+    """WebVTT, cues as ``format_srt``'s."""
+    blocks = [f"{_clock(a, '.')} --> {_clock(b, '.')}\n{text}\n" for a, b, text in cues(segments, subtitles)]
     return "WEBVTT\n\n" + "\n".join(blocks)
 
 
@@ -71,19 +74,22 @@ def _segment_json(s: Segment) -> dict:
     return data
 
 
-def render(t: Transcript, fmt: str) -> str:
+def render(t: Transcript, fmt: str, subtitles: SubtitleOptions = SubtitleOptions()) -> str:
+    """``t`` in format ``fmt``; ``subtitles`` lays out srt and vtt cues from words (whisper's options)."""
     if fmt == "txt":
         return t.text + "\n"
     if fmt == "json":
         return format_json(t)
-    return {"srt": format_srt, "vtt": format_vtt, "tsv": format_tsv}[fmt](t.segments)
+    if fmt == "tsv":
+        return format_tsv(t.segments)
+    return {"srt": format_srt, "vtt": format_vtt}[fmt](t.segments, subtitles)
 
 
 class OutputError(TandemError, RuntimeError):
     """The output folder cannot be used (not a folder, not writable, another run holds it)."""
 
 
-def run_signature(pair_name: str, options) -> str:
+def run_signature(pair_name: str, options, subtitles: SubtitleOptions = SubtitleOptions()) -> str:
     """What changes the output: the pair and the decoding options (not batch size or compare)."""
     keys = {"pair": pair_name, "language": options.language, "task": options.task, "dtype": options.dtype,
             "assistant": options.use_assistant, "timestamps": options.timestamps, "max_new": options.max_new_tokens,
@@ -97,6 +103,9 @@ def run_signature(pair_name: str, options) -> str:
         keys["audio_track"] = options.audio_track
     if getattr(options, "word_timestamps", False):  # words, and segments bounded by them
         keys["words"] = [options.prepend_punctuations, options.append_punctuations]
+    if subtitles.any:  # another layout of the srt and vtt cues
+        keys["subtitles"] = [subtitles.highlight_words, subtitles.max_line_width, subtitles.max_line_count,
+                             subtitles.max_words_per_line]
     return hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -105,9 +114,10 @@ class OutputTree:
 
     LOCK = ".tandem.lock"
 
-    def __init__(self, out_dir: str | Path, inputs: list[Input], formats: tuple[str, ...], signature: str) -> None:
+    def __init__(self, out_dir: str | Path, inputs: list[Input], formats: tuple[str, ...], signature: str,
+                 subtitles: SubtitleOptions = SubtitleOptions()) -> None:
         self.out = Path(out_dir)
-        self.formats, self.signature = formats, signature
+        self.formats, self.signature, self.subtitles = formats, signature, subtitles
         self.names = {i.path: i.name for i in inputs}
         self._lock_fd: int | None = None
 
@@ -175,7 +185,7 @@ class OutputTree:
             for fmt in self.formats:
                 base = self.base(source)
                 path = base.with_name(f"{base.name}.{fmt}")
-                write_atomic(path, render(t, fmt))
+                write_atomic(path, render(t, fmt, self.subtitles))
                 written.append(path)
         try:
             source_id = self._source_id(source)

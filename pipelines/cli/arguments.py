@@ -115,3 +115,22 @@ def add_report(parser: argparse.ArgumentParser, default: str | None, what: str =
 def add_lookahead(parser: argparse.ArgumentParser) -> None:
     """``--lookahead POLICY[:N]``: the draft schedule (``engine.parse_policy`` reads it)."""
     parser.add_argument("--lookahead", default="adaptive", metavar="POLICY[:N]", help=LOOKAHEAD_HELP)
+
+
+def add_words(parser: argparse.ArgumentParser) -> None:
+    """Word-level timestamps and the subtitle layout from words, with openai/whisper's names and defaults."""
+    parser.add_argument("--word-timestamps", action="store_true",
+                        help="each word's start, end and probability (whisper's method: cross-attention aligned "
+                             "by DTW; identical with the assistant): json 'words', srt/vtt cues from words")
+    parser.add_argument("--prepend-punctuations", default="\"'“¿([{-", metavar="CHARS",
+                        help="with --word-timestamps: marks joined to the word after them")
+    parser.add_argument("--append-punctuations", default="\"'.。,，!！?？:：”)]}、", metavar="CHARS",
+                        help="with --word-timestamps: marks joined to the word before them")
+    parser.add_argument("--highlight-words", action="store_true",
+                        help="srt/vtt: underline each word as it is spoken (needs --word-timestamps)")
+    parser.add_argument("--max-line-width", type=whole_number(1), metavar="N",
+                        help="srt/vtt: characters in a line before it breaks (needs --word-timestamps)")
+    parser.add_argument("--max-line-count", type=whole_number(1), metavar="N",
+                        help="srt/vtt: lines in a cue (needs --max-line-width)")
+    parser.add_argument("--max-words-per-line", type=whole_number(1), metavar="N",
+                        help="srt/vtt: words in a line (needs --word-timestamps; no effect with --max-line-width)")

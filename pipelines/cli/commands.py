@@ -87,11 +87,12 @@ def cmd_data_list(args: argparse.Namespace) -> int:
 
 
 def cmd_transcribe(args: argparse.Namespace) -> int:
-    from .transcribe import output_formats, ray_options, run_transcribe, transcribe_options
+    from .transcribe import output_formats, ray_options, run_transcribe, subtitle_options, transcribe_options
 
     formats = output_formats(args.formats)
     return run_transcribe(args.paths, args.pair, transcribe_options(args, formats), refs=args.refs,
-                          models=args.models, out=args.out, formats=formats, ray=ray_options(args))
+                          models=args.models, out=args.out, formats=formats, ray=ray_options(args),
+                          subtitles=subtitle_options(args))
 
 
 def _read_text_file(name: str, what: str) -> str:

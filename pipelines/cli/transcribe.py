@@ -15,6 +15,7 @@ from ..asr.inputs import display
 from ..asr.options import TranscribeOptions, Transcript
 from ..asr.outputs import FORMATS
 from ..asr.runner import preflight_language, preflight_prompts
+from ..asr.subtitles import SubtitleOptions
 from ..asr.vad import require_vad
 from ..devices import resolve_dtype
 from ..models.pairs import check_pair
@@ -48,9 +49,22 @@ def transcribe_options(args: argparse.Namespace, formats: tuple[str, ...]) -> Tr
             logprob_threshold=args.logprob_threshold, no_speech_threshold=args.no_speech_threshold,
             vad_filter=args.vad_filter, initial_prompt=args.initial_prompt, hotwords=args.hotwords,
             condition_on_previous_text=args.condition_on_previous_text,
-            prompt_reset_on_temperature=args.prompt_reset_on_temperature, audio_track=args.audio_track)
+            prompt_reset_on_temperature=args.prompt_reset_on_temperature, audio_track=args.audio_track,
+            word_timestamps=args.word_timestamps, prepend_punctuations=args.prepend_punctuations,
+            append_punctuations=args.append_punctuations)
     except ValueError as e:  # --lookahead, a safeguard's value, a combination
         raise BatchError(str(e)) from None
+
+
+def subtitle_options(args: argparse.Namespace) -> SubtitleOptions:
+    """``--highlight-words`` and the line options (whisper's); BatchError, as whisper's command line refuses,
+    when they are given without what they need."""
+    subtitles = SubtitleOptions(args.highlight_words, args.max_line_width, args.max_line_count, args.max_words_per_line)
+    if subtitles.any and not args.word_timestamps:
+        raise BatchError("--highlight-words and --max-line-width/-count/--max-words-per-line need --word-timestamps")
+    if args.max_line_count is not None and args.max_line_width is None:
+        raise BatchError("--max-line-count needs --max-line-width")
+    return subtitles
 
 
 def ray_options(args: argparse.Namespace) -> RayOptions | None:
@@ -66,7 +80,8 @@ def ray_options(args: argparse.Namespace) -> RayOptions | None:
 
 def run_transcribe(paths: list[str], pair_name: str | None, options: TranscribeOptions, *, refs: str | None = None,
                    models: str | None = None, out: str | None = None, formats: tuple[str, ...] = ("txt",),
-                   ray: RayOptions | None = None, quiet: bool = False) -> int:
+                   ray: RayOptions | None = None, quiet: bool = False,
+                   subtitles: SubtitleOptions = SubtitleOptions()) -> int:
     """``tandem transcribe``: check everything that can be checked before a model loads, plan, decode (in
     this process, or on Ray with ``ray``), print; the exit status (0 all done, 1 some failed, 130
     interrupted). A run that cannot start raises a TandemError, which the command prints."""
@@ -81,7 +96,7 @@ def run_transcribe(paths: list[str], pair_name: str | None, options: TranscribeO
     check_pair(pair)
     preflight_language(pair, options)
     preflight_prompts(pair, options)
-    job = plan_batch(paths, pair, options, out, formats)
+    job = plan_batch(paths, pair, options, out, formats, subtitles)
     try:
         return _report(job, ray, quiet, references, out)
     except ConnectionError as e:  # ray.init: no cluster answers at the address given
