@@ -105,6 +105,8 @@ def choose_language(pair: Pair) -> str | None:
 def read_options(language: str | None, compare: bool) -> TranscribeOptions:
     chunked = st.checkbox("Files over 30 s: cut at pauses and decode 4 chunks at a time (faster; the wording "
                           "may differ at the cuts from Whisper's window-by-window decoding)", key="asr_chunked")
+    words = st.checkbox("Word timestamps (each word's start, end and probability: in the json download, the "
+                        "srt/vtt cues and a table below)", key="asr_words")
     with st.expander("Safeguards against invented text (Whisper's)"):
         fallback = st.checkbox("Decode again hotter when the text repeats itself or is unlikely (temperature "
                                "fallback 0.2 ... 1.0, assisted)", value=True, key="asr_fallback")
@@ -115,7 +117,8 @@ def read_options(language: str | None, compare: bool) -> TranscribeOptions:
     return TranscribeOptions(language=language, compare=compare, batch_size=4 if chunked else 1, device=device(),
                              long_form="chunked" if chunked else "sequential",
                              temperature=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0) if fallback else (0.0,),
-                             compression_ratio_threshold=ratio, logprob_threshold=logprob, no_speech_threshold=no_speech)
+                             compression_ratio_threshold=ratio, logprob_threshold=logprob, no_speech_threshold=no_speech,
+                             word_timestamps=words)
 
 
 def _progress_text(p: Progress) -> tuple[float, str]:
@@ -157,6 +160,11 @@ def show_segments(result: Transcript) -> None:
         st.dataframe([{"start": timestamp(s.start), "avg_logprob": s.avg_logprob, "no_speech_prob": s.no_speech_prob,
                        "compression_ratio": s.compression_ratio, "temperature": s.temperature}
                       for s in result.segments], hide_index=True)
+    if any(s.words for s in result.segments):
+        with st.expander("Words"):
+            st.dataframe([{"start": timestamp(w.start), "end": timestamp(w.end), "word": w.word.strip(),
+                           "probability": round(w.probability, 3)} for s in result.segments for w in s.words],
+                         hide_index=True)
 
 
 def show_transcript(pair: Pair, result: Transcript, stem: str, reference: str) -> None:
