@@ -48,11 +48,19 @@ def resolve_device(requested: str | None = None) -> str:
     return f"cuda:{index}"
 
 
+# weight-only quantized dtypes (models/quantize.py): the weights' storage; the products run in compute_dtype's
+WEIGHT_DTYPES = ("int8", "int4")
+
+
 def resolve_dtype(device: str, requested: str | None, pair_dtype: str) -> str:
-    """The compute dtype: ``requested`` when given; else on a CPU the pair's own (``models.yaml``), on CUDA
+    """The dtype: ``requested`` when given; else on a CPU the pair's own (``models.yaml``), on CUDA
     bfloat16 where the device supports it (float32's range: no overflow), else float16. The pairs' float32 is
     a CPU choice; a GPU's matrix units run half precision, and assisted output equals plain output in every
-    dtype by construction (``engine/fixed.py``). Not yet measured against float16 on a GPU (issue 14)."""
+    dtype by construction (``engine/fixed.py``). Not yet measured against float16 on a GPU (issue 14).
+    ``WEIGHT_DTYPES`` (int8, int4) run on a CPU only: DeviceError when requested on CUDA."""
+    if requested in WEIGHT_DTYPES and device.startswith("cuda"):
+        raise DeviceError(f"--dtype {requested}: weight-only {requested} runs on a CPU only (torch's CPU kernels); "
+                          "on CUDA use bfloat16 or float16, or --device cpu")
     if requested:
         return requested
     if not device.startswith("cuda"):
@@ -60,6 +68,14 @@ def resolve_dtype(device: str, requested: str | None, pair_dtype: str) -> str:
     import torch
 
     return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+
+
+def compute_dtype(device: str, dtype: str) -> str:
+    """The dtype products run in for ``dtype``: itself, or for a weight dtype (int8, int4) bfloat16 where the
+    CPU multiplies it natively (``half_is_native``), else float32."""
+    if dtype not in WEIGHT_DTYPES:
+        return dtype
+    return "bfloat16" if half_is_native(device, "bfloat16") else "float32"
 
 
 def int8_allowed(device: str) -> bool:

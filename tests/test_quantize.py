@@ -51,18 +51,25 @@ def test_one_verify_pass_gives_the_logits_of_plain_steps_bit_for_bit(dtype, grou
     prompt = sources(1, seed=7, lengths=(9,))[0][0].tolist()
     drafts = [5, 17, 30, 11, 8, 40]  # six drafts: the last prompt token and them take two passes of width 4
     for k in (1, 3, 6):
-        cache = dec.new_cache(1, 64)
-        verify, _ = dec.forward([prompt + drafts[:k]], cache, None, pad_id=1, need_from=[len(prompt) - 1])
-        verify = verify[0, len(prompt) - 1 :]
-        cache = dec.new_cache(1, 64)
-        steps, real = dec.forward([prompt], cache, None, pad_id=1, need_from=[len(prompt) - 1])
-        plain = [steps[0, -1].clone()]
+        verify, plain = verify_pass_and_plain_steps(dec, prompt, drafts[:k], pad=1)
+        assert torch.equal(verify, plain), (dtype, k)
+
+
+def verify_pass_and_plain_steps(dec, prompt: list[int], drafts: list[int], pad: int, capacity: int = 64):
+    """The logits (k + 1, V) of the last prompt token and ``drafts`` (k) from one verify pass of a fixed-shape
+    decoder, and from plain steps (the prompt, then one token a step); both after the same prompt pass."""
+    cache = dec.new_cache(1, capacity)
+    verify, _ = dec.forward([prompt + drafts], cache, None, pad_id=pad, need_from=[len(prompt) - 1])
+    verify = verify[0, len(prompt) - 1 :].clone()
+    cache = dec.new_cache(1, capacity)
+    steps, real = dec.forward([prompt], cache, None, pad_id=pad, need_from=[len(prompt) - 1])
+    plain = [steps[0, -1].clone()]
+    cache.commit(real)
+    for token in drafts:
+        step, real = dec.forward([[token]], cache, None, pad_id=pad)
+        plain.append(step[0, 0].clone())
         cache.commit(real)
-        for token in drafts[:k]:
-            step, real = dec.forward([[token]], cache, None, pad_id=1)
-            plain.append(step[0, 0].clone())
-            cache.commit(real)
-        assert torch.equal(verify, torch.stack(plain)), (dtype, k)
+    return verify, torch.stack(plain)
 
 
 @pytest.mark.parametrize("dtype,group", CASES)
@@ -101,3 +108,31 @@ def test_options_are_checked():
         QuantizeOptions("int3")
     with pytest.raises(ValueError, match="group size"):
         QuantizeOptions("int4", 48)
+
+
+def test_weight_dtypes_run_on_a_cpu_in_bfloat16_or_float32_and_are_refused_on_cuda(monkeypatch):
+    from pipelines import devices
+
+    with pytest.raises(devices.DeviceError, match="CPU only"):
+        devices.resolve_dtype("cuda:0", "int4", "bfloat16")
+    assert devices.resolve_dtype("cpu", "int8", "bfloat16") == "int8"
+    monkeypatch.setattr(devices, "cpu_flags", lambda: frozenset({"avx512_bf16"}))
+    assert devices.compute_dtype("cpu", "int4") == "bfloat16" and devices.compute_dtype("cpu", "float32") == "float32"
+    monkeypatch.setattr(devices, "cpu_flags", lambda: frozenset({"avx2"}))
+    assert devices.compute_dtype("cpu", "int8") == "float32"
+
+
+def test_text_commands_offer_the_weight_dtypes_and_other_pairs_refuse_them(local_models_file, capsys):
+    from pipelines.cli.parser import build_parser
+    from pipelines.models.pairs import load_pair
+    from pipelines.models.registry import RegistryError, load_registry
+
+    parser = build_parser()
+    for argv in (["translate", "--dtype", "int4", "x"], ["summarize", "--dtype", "int8", "x"],
+                 ["bench", "text", "--dtype", "int4"]):
+        assert parser.parse_args(argv).dtype == argv[argv.index("--dtype") + 1]
+    with pytest.raises(SystemExit):  # Whisper's commands keep the float dtypes
+        parser.parse_args(["transcribe", "--dtype", "int4", "a.wav"])
+    assert "int4" in capsys.readouterr().err
+    with pytest.raises(RegistryError, match="Llama-layout"):  # before any weights load
+        load_pair(load_registry(local_models_file).get("bart-pair"), "int8")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
+from ..devices import WEIGHT_DTYPES  # weight-only quantized: the text pairs on a CPU
+
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """argparse's defaults formatter, less the defaults that say nothing: an option whose default is None or
@@ -100,9 +102,15 @@ def add_model(parser: argparse.ArgumentParser, what: str, *, required: bool = Fa
                         help=what)
 
 
-def add_dtype(parser: argparse.ArgumentParser, what: str = "compute dtype (default: the pair's)") -> None:
-    """``--dtype`` with the dtypes the engine offers."""
-    parser.add_argument("--dtype", choices=DTYPES, help=what)
+WEIGHT_DTYPE_HELP = ("dtype (default: the pair's); int8 / int4: the main model's weights quantized (int4 in groups "
+                     "of 32), products in bfloat16 where the CPU has it natively, else float32: fewer bytes read a "
+                     "step, assisted output still equal to plain in that dtype; a CPU only (docs/text.md)")
+
+
+def add_dtype(parser: argparse.ArgumentParser, what: str = "compute dtype (default: the pair's)",
+              weights: bool = False) -> None:
+    """``--dtype`` with the dtypes the engine offers (``weights``: and the weight-only int8/int4)."""
+    parser.add_argument("--dtype", choices=DTYPES + WEIGHT_DTYPES if weights else DTYPES, help=what)
 
 
 def add_report(parser: argparse.ArgumentParser, default: str | None, what: str = "write the figures (JSON) here") -> None:

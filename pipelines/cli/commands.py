@@ -143,7 +143,7 @@ def cmd_text(args: argparse.Namespace) -> int:
                           long_input=getattr(args, "long_input", "chunk"))
     if refs and len(refs) != len(texts):
         raise TextInputError(f"{len(refs)} references for {len(texts)} inputs (one --refs file per input)")
-    results = run_text(pair, task, texts, options, device=args.device)
+    results = run_text(pair, task, texts, options, device=args.device, dtype=args.dtype)
     for r in results:
         for note in r.notes:
             print(f"note: {note}", file=sys.stderr)
@@ -242,7 +242,7 @@ def cmd_bench_text(args: argparse.Namespace) -> int:
     from ..quality.evaluation import task_of_set
 
     task = getattr(args, "task", None) or task_of_set(args.set)  # --task: the older spelling
-    bench_text(task, args.pair, args.limit, args.max_new_tokens, args.json, device=args.device)
+    bench_text(task, args.pair, args.limit, args.max_new_tokens, args.json, device=args.device, dtype=args.dtype)
     return 0
 
 

@@ -8,6 +8,7 @@ import argparse
 from .. import __version__
 from .arguments import (
     DEVICE_HELP,
+    WEIGHT_DTYPE_HELP,
     HelpFormatter,
     add_alias,
     add_command,
@@ -176,6 +177,7 @@ def add_text_options(p: argparse.ArgumentParser, task: str) -> None:
     p.add_argument("--no-assistant", action="store_true", help="plain decoding with the main model")
     p.add_argument("--compare", action="store_true", help="also decode plainly: speedup and identical outputs")
     p.add_argument("--refs", action="append", metavar="FILE", help="reference text per input: BLEU/chrF or ROUGE")
+    add_dtype(p, WEIGHT_DTYPE_HELP, weights=True)
     p.set_defaults(func=cmd_text)
 
 
@@ -273,6 +275,7 @@ def add_bench_text(sub) -> None:
     add_model(b, "text pair from the registry (default: the task's default, the embedded Qwen pair)")
     b.add_argument("--limit", type=count, default=4, help="items of the set")
     b.add_argument("--max-new-tokens", type=count, default=256, help="per prompt")
+    add_dtype(b, WEIGHT_DTYPE_HELP, weights=True)
     add_report(b, "reports/bench-text.json")
     b.set_defaults(func=cmd_bench_text)
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, replace
 
-from ..devices import HALF_UNITS, half_is_native, int8_allowed, resolve_dtype
+from ..devices import HALF_UNITS, WEIGHT_DTYPES, compute_dtype, half_is_native, int8_allowed, resolve_dtype
 from ..engine import AssistedDecoder, Decoder, as_decoder, model_drafter, prompt_lookup
-from .loading import load_model, load_tokenizer
+from .loading import load_config, load_model, load_tokenizer
 from .registry import Pair, RegistryError, preflight
 
 
@@ -64,21 +64,44 @@ def check_pair(pair: Pair) -> None:
                             "(tandem models lists every pair's checks)")
 
 
+def check_quantizable(pair: Pair) -> None:
+    """RegistryError unless ``pair``'s main model is a decoder-only model the fixed-shape causal decoder runs
+    (``engine.causal.fits``): the models int8/int4 weights are offered for (their layers are run as modules)."""
+    from ..engine.causal import fits
+
+    config = load_config(pair.main)
+    if config.is_encoder_decoder or not fits(config):
+        raise RegistryError(f"pair {pair.name!r}: int8/int4 weights are offered for Llama-layout text models "
+                            f"(Qwen2, Llama, Mistral) only, not {config.model_type!r}; use float32 or bfloat16")
+
+
 def load_pair(pair: Pair, dtype: str | None = None, device: str = "cpu") -> LoadedPair:
     """Load the pair's main model (and assistant) on ``device`` (``devices.resolve_device``) in ``dtype``
     (default: ``devices.resolve_dtype``'s, the pair's own on a CPU) and build its engines. RegistryError, before
     any weights load, for a pair whose pre-flight (``registry.preflight``: configs and tokenizers) fails, e.g. an
-    assistant with another tokenizer, which could only draft tokens the main model does not mean."""
+    assistant with another tokenizer, which could only draft tokens the main model does not mean.
+    int8/int4 (``devices.WEIGHT_DTYPES``, a CPU only): the models load in ``devices.compute_dtype``'s dtype and
+    their decoder linears are quantized (``quantize.quantize_model``): the main model's, and the assistant's
+    unless the pair drafts with the lean int8 assistant (``assistant_int8``), which has int8 weights of its own."""
     check_pair(pair)
     dtype = resolve_dtype(device, dtype, pair.dtype)
-    if not half_is_native(device, dtype):
-        warnings.warn(f"{dtype} is emulated on this CPU (none of {', '.join(HALF_UNITS[dtype])} in /proc/cpuinfo): "
+    compute = compute_dtype(device, dtype)  # int8/int4: the weights' storage; the products run in this
+    if dtype in WEIGHT_DTYPES:
+        check_quantizable(pair)
+    if not half_is_native(device, compute):
+        warnings.warn(f"{compute} is emulated on this CPU (none of {', '.join(HALF_UNITS[compute])} in /proc/cpuinfo): "
                       "several times slower than float32, whose outputs are just as exact (commands' --dtype float32)",
                       RuntimeWarning, stacklevel=2)
-    main_model = load_model(pair.main, dtype, device)
+    main_model = load_model(pair.main, compute, device)
+    assistant_model = load_model(pair.assistant, compute, device) if pair.draft.startswith("model") else None
+    if dtype in WEIGHT_DTYPES:
+        from .quantize import quantize_model
+
+        quantize_model(main_model, dtype)
+        if assistant_model is not None and not pair.assistant_int8:  # (the lean int8 drafter has its own weights)
+            quantize_model(assistant_model, dtype)
     main = as_decoder(main_model)
     pad = pad_id_of(main_model)
-    assistant_model = load_model(pair.assistant, dtype, device) if pair.draft.startswith("model") else None
     loaded = LoadedPair(
         pair=pair, dtype=dtype, device=device, main_model=main_model, main=main, tokenizer=load_tokenizer(pair.main),
         assistant_model=assistant_model, engine=AssistedDecoder(main, None, pad), plain=AssistedDecoder(main, None, pad),

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-WEIGHT_DTYPES = ("int8", "int4")
+from ..devices import WEIGHT_DTYPES
+
 GROUP_SIZES = (32, 64, 128)  # the int4 kernel's group sizes
 INT4_N_MULTIPLE = 16  # the int4 packing's output-feature granularity
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from ..devices import WEIGHT_DTYPES
 from ..errors import TandemError
 from ..paths import PROJECT_ROOT
 from .loading import DTYPES, ModelRef, ModelUnavailableError, is_available_offline, load_config, load_tokenizer
@@ -47,7 +48,7 @@ class Pair:
     assistant: ModelRef | None  # the drafting model, or None (plain decoding or prompt lookup alone)
     draft: str  # one of DRAFTERS: what proposes tokens
     share_encoder: bool  # the assistant reads the main model's encoder output instead of running its own
-    dtype: str  # compute dtype for both models, one of DTYPES
+    dtype: str  # dtype of both models on a CPU: one of DTYPES, or of WEIGHT_DTYPES (int8/int4 weights, pairs.load_pair)
     languages: tuple[str, ...] = ()  # language codes the pair accepts (translation); empty = not restricted
     description: str = ""
     test_only: bool = False  # serves the engine's tests and benchmarks, hidden from users by default
@@ -151,8 +152,8 @@ def _parse_pair(path: Path, name: str, raw: Any) -> Pair:
     if not draft.startswith("model") and assistant is not None:
         raise _fail(path, name, "draft", f"is {draft!r} but an assistant is given")
     dtype = raw.get("dtype", "float32")
-    if dtype not in DTYPES:
-        raise _fail(path, name, "dtype", f"is {dtype!r}, expected one of {', '.join(DTYPES)}")
+    if dtype not in DTYPES + WEIGHT_DTYPES:
+        raise _fail(path, name, "dtype", f"is {dtype!r}, expected one of {', '.join(DTYPES + WEIGHT_DTYPES)}")
     share = raw.get("share_encoder", False)
     if not isinstance(share, bool):
         raise _fail(path, name, "share_encoder", "must be true or false")

@@ -84,9 +84,10 @@ def _run_engine(engine, gen, prompts: list[list[int]], max_new: int) -> tuple[li
 
 def bench_text(task: str, pair_name: str | None = None, limit: int = 4, max_new_tokens: int = 256,
                json_path: str | None = None, models: str | None = None, log=print,
-               device: str = "cpu") -> list[TextBenchRow]:
-    """Run the systems on ``limit`` items of the task's set, the pair loaded on ``device`` (in its dtype on a
-    CPU, half precision on CUDA: ``devices.resolve_dtype``), and print (and write) the table.
+               device: str = "cpu", dtype: str | None = None) -> list[TextBenchRow]:
+    """Run the systems on ``limit`` items of the task's set, the pair loaded on ``device`` in ``dtype`` (default:
+    its dtype on a CPU, half precision on CUDA: ``devices.resolve_dtype``; int8/int4: quantized weights), and
+    print (and write) the table.
     Raises ``RegistryError`` / ``ModelUnavailableError`` when the pair cannot be had."""
     from ..models.registry import load_registry
     from ..text import TextRunner
@@ -94,7 +95,7 @@ def bench_text(task: str, pair_name: str | None = None, limit: int = 4, max_new_
 
     registry = load_registry(models)
     pair = registry.get(pair_name) if pair_name else registry.default(task)
-    runner = TextRunner(pair, device=device)
+    runner = TextRunner(pair, dtype, device=device)
     loaded, gen = runner.loaded, runner.model.generation_config
     eos = rules_from_generation_config(gen, 1, 1).eos
     prompts = bench_prompts(runner, task, limit)
