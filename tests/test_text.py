@@ -209,8 +209,9 @@ def test_translate_keeps_verse_lines_and_batches_them(models_file):
     assert all(line.strip() for i, line in enumerate(lines) if i in (0, 1, 3, 4))
 
 
-def test_cli_translate_file_keeps_html_tags_and_markdown_lines(models_file, tmp_path, capsys):
+def test_cli_translate_file_keeps_html_tags_and_markdown_lines(models_file, tmp_path, monkeypatch, capsys):
     """``tandem translate --file page.html`` (4 sentences) used to print one sentence: the tags and lines stay."""
+    import io
     import re
 
     from pipelines.cli import main
@@ -232,6 +233,9 @@ def test_cli_translate_file_keeps_html_tags_and_markdown_lines(models_file, tmp_
     assert len(lines) == len(notes.read_text().split("\n")) + 1
     assert lines[0].startswith("# ") and lines[1] == "" and lines[2].startswith("- ") and lines[3].startswith("- ")
     assert lines[4:8] == ["", "```", "keep me", "```"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("Where is the <b>bank</b>?"))  # a fragment: --format says HTML
+    assert main([*argv, "--format", "html"]) == 0
+    assert tag.findall(capsys.readouterr().out) == ["<b>", "</b>"]
 
 
 class _CharTokenizer:

@@ -140,10 +140,11 @@ def cmd_text(args: argparse.Namespace) -> int:
     options = TextOptions(src=getattr(args, "src", None), tgt=getattr(args, "tgt", None),
                           max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                           use_assistant=not args.no_assistant, compare=args.compare,
-                          long_input=getattr(args, "long_input", "chunk"))
+                          long_input=getattr(args, "long_input", "chunk"), text_format=getattr(args, "format", "auto"))
     if refs and len(refs) != len(texts):
         raise TextInputError(f"{len(refs)} references for {len(texts)} inputs (one --refs file per input)")
-    results = run_text(pair, task, texts, options, device=args.device, dtype=args.dtype)
+    files = args.file or []  # file names tell HTML and markdown by suffix (TEXT and standard input come first)
+    results = run_text(pair, task, texts, options, device=args.device, dtype=args.dtype, names=[None] * (len(texts) - len(files)) + files)
     for r in results:
         for note in r.notes:
             print(f"note: {note}", file=sys.stderr)

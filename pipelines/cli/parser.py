@@ -187,6 +187,7 @@ def add_translate(sub) -> None:
     p.add_argument("--src", help="source language, as the pair lists it (the embedded Qwen pair: en, de, fr, ...; "
                    "NLLB: eng_Latn)")
     p.add_argument("--tgt", help="target language, as the pair lists it (e.g. de; NLLB: deu_Latn)")
+    p.add_argument("--format", choices=["auto", "text", "markdown", "html"], default="auto", help="the input's layout, kept in the output (auto: HTML by .html/.htm or a leading tag, markdown by .md, else text)")
 
 
 def add_summarize(sub) -> None:
