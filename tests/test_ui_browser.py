@@ -183,6 +183,7 @@ def test_the_pages_in_a_real_browser(server, local_models_file, speech_real, tmp
 
         # Transcribe: an upload, the transcript and the four downloads (the CLI's writers)
         _nav(page, "Transcribe")
+        assert not page.locator("input[type=file]").get_attribute("accept")  # every container (.mov, .avi, ...)
         page.locator("input[type=file]").set_input_files(str(audio))
         page.get_by_text(re.compile(r"^\d+(\.\d+)?KB$")).first.wait_for()  # the uploaded file's chip
         transcript = page.get_by_label("Transcript", exact=True)

@@ -34,7 +34,6 @@ from pipelines.audio import AudioDecodeError
 from pipelines.models.registry import Pair
 
 UPLOAD_LIMIT_MB = 200  # also server.maxUploadSize in ui/.streamlit/config.toml
-AUDIO_TYPES = ["wav", "flac", "mp3", "m4a", "ogg", "opus", "mp4", "webm", "mkv"]
 DOWNLOADS = ("txt", "srt", "vtt", "json")
 MIME = {"txt": "text/plain", "srt": "application/x-subrip", "vtt": "text/vtt", "json": "application/json"}
 NO_SAMPLE = "(none)"
@@ -201,8 +200,10 @@ def transcribe_page() -> None:
     pair = choose_pair("asr")
     if pair is None:
         return
-    upload = st.file_uploader(f"Audio or video file (up to {UPLOAD_LIMIT_MB} MB: {', '.join(AUDIO_TYPES)})",
-                              type=AUDIO_TYPES, key=_upload_key(), on_change=_on_upload)
+    # any file, as the CLI takes a folder's files by content (.mov, .avi, .ts, .mka, ...): a file that is not
+    # audio is refused by the audio layer with its reason, not by a list of suffixes
+    upload = st.file_uploader(f"Audio or video file (any container the CLI reads; up to {UPLOAD_LIMIT_MB} MB)",
+                              type=None, key=_upload_key(), on_change=_on_upload)
     samples = sample_clips()
     sample = NO_SAMPLE
     if samples:
