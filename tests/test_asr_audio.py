@@ -108,6 +108,9 @@ def test_the_command_names_damaged_files_and_the_track_it_read(tmp_path, clips, 
 
     code = main(["transcribe", str(inbox / "two.mkv"), "--model", "whisper-base", "--audio-track", "1",
                  "--out", str(out), "-f", "json"])
+    assert code == 2 and "--force" in capsys.readouterr().err  # track 0's transcript is not overwritten in silence
+    code = main(["transcribe", str(inbox / "two.mkv"), "--model", "whisper-base", "--audio-track", "1",
+                 "--out", str(out), "-f", "json", "--force"])
     printed = capsys.readouterr().out
     record = json.loads((out / "two.json").read_text())
     assert code == 0 and record["audio_track"] == 1 and "forward" in record["text"].lower()

@@ -46,9 +46,8 @@ def test_the_cli_line_says_the_summary_was_cut(local_models_file, monkeypatch, c
 
 def test_a_whisper_window_cut_by_its_token_limit(registry, speech_real, tmp_path, capsys):
     from pipelines.asr import TranscribeOptions, transcribe
-    from pipelines.cli.transcribe import summary_lines  # noqa: F401  (the CLI's summary names the cut windows)
     from pipelines.asr.outputs import format_json
-    from pipelines.cli import main
+    from pipelines.cli.transcribe import summary_lines  # noqa: F401  (the CLI's summary names the cut windows)
 
     clip = next(i for i in speech_real if i["id"] == "goforward")["audio_path"]
     pair = registry.get("whisper-base")

@@ -73,9 +73,12 @@ def pending(files: Iterable[Path], tree: OutputTree | None) -> tuple[Path, ...]:
 
 
 def plan_batch(paths: Iterable[str | os.PathLike], pair: Pair, options: TranscribeOptions, out: str | os.PathLike | None = None,
-               formats: tuple[str, ...] = ("txt",), subtitles: SubtitleOptions = SubtitleOptions()) -> BatchJob:
+               formats: tuple[str, ...] = ("txt",), subtitles: SubtitleOptions = SubtitleOptions(),
+               force: bool = False) -> BatchJob:
     """Expand ``paths`` (files, folders searched recursively, globs), open ``out`` and decide what is left.
-    Raises BatchError before any model loads; the returned job holds the output folder's lock."""
+    Raises BatchError before any model loads, also when ``out`` holds transcripts of these files made with
+    another pair or other options, which the run would overwrite (``force``: redo them); the returned job
+    holds the output folder's lock."""
     paths = [os.fspath(p) for p in paths]
     if wrong := pair.task_mismatch("asr"):
         raise BatchError(f"pair {pair.name!r} is {wrong}")
@@ -86,7 +89,9 @@ def plan_batch(paths: Iterable[str | os.PathLike], pair: Pair, options: Transcri
     if not inputs:
         raise BatchError("no audio files found in " + ", ".join(display(p) for p in paths)
                          + (f" ({skipped_line(not_audio)})" if not_audio else ""))
-    tree = OutputTree(out, inputs, formats, run_signature(pair.name, options, subtitles), subtitles) if out else None
+    files = tuple(i.path for i in inputs)
+    tree = (OutputTree(out, inputs, formats, run_signature(pair.name, options, subtitles), subtitles, pair.name)
+            if out else None)
     if tree:
         try:
             tree.open()
@@ -98,8 +103,22 @@ def plan_batch(paths: Iterable[str | os.PathLike], pair: Pair, options: Transcri
             tree.close()
             raise exc.advise(f"nothing was transcribed; {advice_for(exc.reason)} and run the same command",
                              tree.out) from None
-    files = tuple(i.path for i in inputs)
+        others = [] if force else tree.made_otherwise(files)
+        if others:
+            tree.close()
+            raise BatchError(overwrite_line(others, out, pair.name))
     return BatchJob(pair, options, files, pending(files, tree), tree, tuple(collisions), tuple(not_audio))
+
+
+def overwrite_line(others: list[tuple[Path, str | None]], out, pair_name: str) -> str:
+    """"OUT holds 3 transcripts made with pair whisper-base; this run (pair ...) would overwrite them: ..."."""
+    made = sorted({f"pair {p}" if p and p != pair_name else "other decoding options" if p else "earlier settings"
+                   for _, p in others})
+    n = len(others)
+    return (f"{display(out)} holds {n} transcript{'s' if n > 1 else ''} of these files made with {' and '.join(made)}"
+            f" (e.g. {display(others[0][0].name)}); this run (pair {pair_name}) would overwrite "
+            f"{'them' if n > 1 else 'it'}: add --force to redo {'them' if n > 1 else 'it'}, or choose another "
+            "--output-dir")
 
 
 def skipped_line(not_audio, where: str | None = None) -> str:
@@ -161,11 +180,13 @@ def run_batch(job: BatchJob, source: Iterable[Transcript] | None = None,
 
 def transcribe_files(paths: Iterable[str | os.PathLike], pair: Pair, options: TranscribeOptions = TranscribeOptions(),
                      out: str | os.PathLike | None = None, formats: tuple[str, ...] = ("txt",),
-                     ray: RayOptions | None = None, on_result: Callable[[Transcript], None] | None = None) -> BatchRun:
+                     ray: RayOptions | None = None, on_result: Callable[[Transcript], None] | None = None,
+                     force: bool = False) -> BatchRun:
     """The batch job from Python: ``plan_batch`` then ``run_batch``, in this process or, with ``ray``
     (``pipelines.scale.RayOptions``), on a Ray actor pool. Raises BatchError before any model loads, and
-    ``pipelines.scale.RayUnavailableError`` when ``ray`` is given but Ray is not installed."""
-    job = plan_batch(paths, pair, options, out, formats)
+    ``pipelines.scale.RayUnavailableError`` when ``ray`` is given but Ray is not installed; ``force``: redo
+    transcripts in ``out`` made with another pair or other options instead of refusing."""
+    job = plan_batch(paths, pair, options, out, formats, force=force)
     return run_batch(job, source_for(job, ray), on_result)
 
 

@@ -115,9 +115,9 @@ class OutputTree:
     LOCK = ".tandem.lock"
 
     def __init__(self, out_dir: str | Path, inputs: list[Input], formats: tuple[str, ...], signature: str,
-                 subtitles: SubtitleOptions = SubtitleOptions()) -> None:
+                 subtitles: SubtitleOptions = SubtitleOptions(), pair: str | None = None) -> None:
         self.out = Path(out_dir)
-        self.formats, self.signature, self.subtitles = formats, signature, subtitles
+        self.formats, self.signature, self.subtitles, self.pair = formats, signature, subtitles, pair
         self.names = {i.path: i.name for i in inputs}
         self._lock_fd: int | None = None
 
@@ -177,6 +177,21 @@ class OutputTree:
         return (meta.get("status") == "done" and meta.get("signature") == self.signature and same_source
                 and all(p.is_file() for p in outputs) and {p.suffix[1:] for p in outputs} >= set(self.formats))
 
+    def made_otherwise(self, sources) -> list[tuple[Path, str | None]]:
+        """The inputs this run would overwrite: a record says done, for the same unchanged source, under another
+        signature (another pair, dtype or decoding options). Each as (source, the pair its record names, or
+        None for a record written before records named their pair)."""
+        found = []
+        for source in sources:
+            try:
+                meta = json.loads(self.record_path(source).read_text())
+                same_source = meta["path"] == os.path.abspath(source) and meta["source"] == self._source_id(source)
+            except (OSError, ValueError, KeyError):
+                continue
+            if same_source and meta.get("status") == "done" and meta.get("signature") != self.signature:
+                found.append((source, meta.get("pair")))
+        return found
+
     def write(self, t: Transcript) -> list[Path]:
         """Outputs first, record last: an interrupted write leaves no record, so the file is redone."""
         source = Path(t.path)
@@ -191,7 +206,7 @@ class OutputTree:
             source_id = self._source_id(source)
         except OSError:
             source_id = None
-        meta = {"source": source_id, "path": os.path.abspath(source), "signature": self.signature,
+        meta = {"source": source_id, "path": os.path.abspath(source), "signature": self.signature, "pair": self.pair,
                 "status": "done" if t.ok else "failed", "error": t.error, "outputs": [p.name for p in written]}
         write_atomic(self.record_path(source), json.dumps(meta, indent=1))
         return written

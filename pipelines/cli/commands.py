@@ -92,7 +92,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     formats = output_formats(args.formats)
     return run_transcribe(args.paths, args.pair, transcribe_options(args, formats), refs=args.refs,
                           models=args.models, out=args.out, formats=formats, ray=ray_options(args),
-                          subtitles=subtitle_options(args))
+                          subtitles=subtitle_options(args), force=args.force)
 
 
 def _read_text_file(name: str, what: str) -> str:

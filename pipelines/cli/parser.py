@@ -97,6 +97,8 @@ def add_transcribe(sub) -> None:
     p.add_argument("-o", "--output-dir", "--out", dest="out", metavar="DIR",
                    help="write outputs here (mirroring the input folders), resumable")
     add_alias(p, "--output_dir", dest="out", metavar="DIR")
+    p.add_argument("--force", action="store_true", help="redo and overwrite transcripts in the output folder "
+                   "made with another pair or other decoding options (refused without it)")
     p.add_argument("-f", "--output-format", "--formats", dest="formats", default="txt", metavar="FORMATS",
                    help="comma-separated: txt,json,srt,vtt,tsv, or all")
     add_alias(p, "--output_format", dest="formats", metavar="FORMATS")

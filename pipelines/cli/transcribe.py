@@ -81,10 +81,11 @@ def ray_options(args: argparse.Namespace) -> RayOptions | None:
 def run_transcribe(paths: list[str], pair_name: str | None, options: TranscribeOptions, *, refs: str | None = None,
                    models: str | None = None, out: str | None = None, formats: tuple[str, ...] = ("txt",),
                    ray: RayOptions | None = None, quiet: bool = False,
-                   subtitles: SubtitleOptions = SubtitleOptions()) -> int:
+                   subtitles: SubtitleOptions = SubtitleOptions(), force: bool = False) -> int:
     """``tandem transcribe``: check everything that can be checked before a model loads, plan, decode (in
     this process, or on Ray with ``ray``), print; the exit status (0 all done, 1 some failed, 130
-    interrupted). A run that cannot start raises a TandemError, which the command prints."""
+    interrupted). A run that cannot start raises a TandemError, which the command prints; ``force``: redo
+    and overwrite transcripts in ``out`` made with another pair or other options (refused otherwise)."""
     registry = load_registry(models)
     pair = registry.get(pair_name) if pair_name else registry.default("asr")
     if ray:
@@ -96,7 +97,7 @@ def run_transcribe(paths: list[str], pair_name: str | None, options: TranscribeO
     check_pair(pair)
     preflight_language(pair, options)
     preflight_prompts(pair, options)
-    job = plan_batch(paths, pair, options, out, formats, subtitles)
+    job = plan_batch(paths, pair, options, out, formats, subtitles, force=force)
     try:
         return _report(job, ray, quiet, references, out)
     except ConnectionError as e:  # ray.init: no cluster answers at the address given
