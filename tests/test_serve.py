@@ -95,7 +95,7 @@ def server(asr, alone):
     from pipelines.serve import ServeOptions, load_served
     from pipelines.serve.app import create_app
 
-    options = ServeOptions(api_key=KEY, max_batch=4, max_wait_ms=500, max_upload_mb=1)
+    options = ServeOptions(api_key=KEY, max_batch=4, max_wait_ms=500, max_upload_mb=3)  # speech-long's first file: 2.3 MB
     s = _Server(create_app(load_served(options, asr=asr), grace_seconds=30))
     yield s
     s.stop()
@@ -142,6 +142,33 @@ def test_concurrent_requests_equal_one_at_a_time_and_share_batches(server, clips
     assert value["tandem_queue_length"] == 0 and value["tandem_audio_seconds_total"] > 0
 
 
+@pytest.fixture(scope="module")
+def long_clip():
+    """The shortest file of speech-long (72 s: three windows)."""
+    from pipelines.quality.sets import build_set, read_manifest
+
+    build_set("speech-long")
+    return Path(min(read_manifest("speech-long"), key=lambda i: i["duration"])["audio_path"])
+
+
+def test_streamed_transcription_joins_to_the_plain_text(server, long_clip, clips, alone):
+    client = server.client()
+    plain = _transcribe(client, long_clip).text
+    events = list(_transcribe(client, long_clip, stream=True))
+    deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
+    assert [e.type for e in events[len(deltas):]] == ["transcript.text.done"]  # deltas, then one done event
+    assert len(deltas) >= 2  # window by window, not one piece at the end
+    assert "".join(deltas) == events[-1].text == plain
+    assert events[-1].model_extra["tandem"]["tokens"] > 0
+    short = list(_transcribe(client, clips[0], stream=True, response_format="text"))
+    assert "".join(e.delta for e in short[:-1]) == short[-1].text == alone[False][0].text
+    with pytest.raises(openai.BadRequestError, match="stream"):
+        _transcribe(client, clips[0], stream=True, response_format="srt")
+    with pytest.raises(openai.BadRequestError) as bad:  # bad audio is still a 400, not a broken stream
+        client.audio.transcriptions.create(model=PAIR, file=("clip.wav", b"not audio\n" * 40), stream=True)
+    assert bad.value.body["code"] == "invalid_audio"
+
+
 def test_models_lists_the_served_pair(server):
     ids = [m.id for m in server.client().models.list()]
     assert ids == [PAIR, "whisper-1"]
@@ -160,7 +187,7 @@ def test_bad_requests_get_openai_errors_and_the_server_goes_on(server, clips, al
     with pytest.raises(openai.BadRequestError, match="response_format"):
         _transcribe(client, clips[0], response_format="docx")
     with pytest.raises(openai.APIStatusError) as big:
-        client.audio.transcriptions.create(model=PAIR, file=("big.wav", b"\0" * (3 << 20)))
+        client.audio.transcriptions.create(model=PAIR, file=("big.wav", b"\0" * (5 << 20)))
     assert big.value.status_code == 413
     assert _transcribe(client, clips[1]).text == alone[False][1].text  # still serving
 

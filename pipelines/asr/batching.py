@@ -240,14 +240,18 @@ def _audio_done(cur: _Cursor) -> float:
 def transcribe(paths: Iterable[str | Path], pair: Pair, options: TranscribeOptions = TranscribeOptions(),
                runner: WhisperRunner | None = None,
                progress: Callable[[Progress], None] | None = None,
-               admit: Callable[[int], list[Path]] | None = None) -> Iterator[Transcript]:
+               admit: Callable[[int], list[Path]] | None = None,
+               watch: Callable[[str, tuple[Segment, ...]], bool] | None = None) -> Iterator[Transcript]:
     """Transcribe files, ``options.batch_size`` at a time; yields one Transcript per file as it finishes
     (a file that cannot be decoded yields one with ``error`` set, and the run goes on). ``progress`` is
     called after each decoding step (a caller may stop the run there by raising). ``admit(room)``, when
     given, is asked before each step for up to ``room`` more files (paths taken as they are), which join the
     files being decoded at that step boundary (a server's scheduler); the run ends when nothing is left and
-    ``admit`` gives nothing. Raises LanguageError before any decoding when the pair's model cannot take
-    ``options.language`` or ``options.task``."""
+    ``admit`` gives nothing. ``watch(path, segments)``, when given, is called after each step for every file
+    decoded in it, with the segments that step added (in decoding order, times as decoded; none for a silent
+    window): a server streams them; returning False drops the file from the run at that step boundary (its
+    request was cancelled: it is decoded no further and yields nothing). Raises LanguageError before any
+    decoding when the pair's model cannot take ``options.language`` or ``options.task``."""
     require_vad(options.vad_filter)  # before any model loads
     runner = runner or WhisperRunner(pair, options.dtype, options.device)
     runner.check_language(options)
@@ -271,7 +275,11 @@ def transcribe(paths: Iterable[str | Path], pair: Pair, options: TranscribeOptio
                 yield Transcript(str(path), "", 0.0, time.perf_counter() - t0, error=f"cannot be read ({exc.strerror or exc})")
         if not active:
             continue
+        before = {id(c): len(c.segments) for c in active}
         windows += _step(runner, active, options)
+        if watch is not None:
+            for cur in [c for c in active if not watch(str(c.path), tuple(c.segments[before[id(c)]:]))]:
+                active.remove(cur)
         for cur in [c for c in active if c.done]:
             files_done += 1
             finished_audio += cur.reader.known_length / SAMPLE_RATE

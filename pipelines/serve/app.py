@@ -14,7 +14,6 @@ import os
 import shutil
 import tempfile
 import time
-from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,8 @@ from .formats import (
 from .http import APIError, BodyLimit, authorized
 from .metrics import Metrics
 from .options import ServeOptions
-from .scheduler import Scheduler, SchedulerClosed
+from .scheduler import Job, RequestCancelled, Scheduler, SchedulerClosed
+from .stream import DONE, TextDeltas, Updates, sse
 
 ASR_ALIAS = "whisper-1"  # what OpenAI clients and tools send by default: the served speech pair
 DEFAULT_CHAT_TOKENS = 256
@@ -133,12 +133,28 @@ def create_app(served: Served, grace_seconds: float = 30.0) -> FastAPI:
             runner.check_language(key)
         except LanguageError as exc:
             raise APIError(400, str(exc), "language", "unsupported_language") from None
-        path, future = await _save_upload(file, upload_dir, options.max_upload_bytes), None
+        path, job = await _save_upload(file, upload_dir, options.max_upload_bytes), None
+        updates = Updates() if stream else None
         try:
-            future = _submit(served.scheduler, "asr", key, path)
-            transcript = await _wait(future, request)
+            job = _submit(served.scheduler, "asr", key, path, updates and updates.put)
+            if stream:
+                job.future.add_done_callback(updates.done)
+                first = await _next_update(updates, job, request)
+                if first is not DONE:
+                    return StreamingResponse(_transcript_events(first, updates, job, request, path, start, endpoint),
+                                             media_type="text/event-stream")
+            transcript = await _wait(job, request)
         finally:
-            _remove_when_done(future, path)
+            _remove_when_done(job, path)
+        figures = _transcript_done(transcript, path, start, endpoint)
+        if stream:  # nothing was said before the end: one done event
+            return StreamingResponse(iter(_done_events(transcript, TextDeltas(), figures)),
+                                     media_type="text/event-stream")
+        body, media_type = transcription_body(transcript, response_format, task, figures)
+        return Response(body, media_type=media_type, headers={"x-tandem": json.dumps(figures)})
+
+    def _transcript_done(transcript, path: Path, start: float, endpoint: str) -> dict:
+        """The request's figures, counted in the metrics; APIError 400 when its file was not audio."""
         if transcript.error:
             metrics.requests.labels(endpoint, "400").inc()
             raise APIError(400, f"the file could not be decoded as audio: "
@@ -149,8 +165,28 @@ def create_app(served: Served, grace_seconds: float = 30.0) -> FastAPI:
         metrics.decoded("asr", transcript.tokens, transcript.main_calls, transcript.drafted, transcript.accepted)
         metrics.latency.labels(endpoint).observe(latency)
         metrics.requests.labels(endpoint, "200").inc()
-        body, media_type = transcription_body(transcript, response_format, task, figures)
-        return Response(body, media_type=media_type, headers={"x-tandem": json.dumps(figures)})
+        return figures
+
+    async def _transcript_events(first, updates: Updates, job: Job, request: Request, path: Path, start: float,
+                                 endpoint: str):
+        """``transcript.text.delta`` events as the request's windows finish, then ``transcript.text.done``
+        (an error event if its decoding fails); a client gone away cancels the request."""
+        deltas, texts, item = TextDeltas(), [], first
+        try:
+            while item is not DONE:
+                texts += [seg.text for seg in item]
+                if delta := deltas.feed(" ".join(texts)):
+                    yield sse({"type": "transcript.text.delta", "delta": delta, "logprobs": None})
+                item = await updates.get()
+            try:
+                transcript = await _wait(job, request)
+                for event in _done_events(transcript, deltas, _transcript_done(transcript, path, start, endpoint)):
+                    yield event
+            except APIError as exc:
+                yield sse(exc.body())
+        finally:
+            if not job.future.done():
+                job.cancel()
 
     @app.post("/v1/audio/transcriptions", dependencies=guarded)
     async def transcriptions(request: Request, file: UploadFile = File(...), model: str = Form(...),
@@ -164,8 +200,9 @@ def create_app(served: Served, grace_seconds: float = 30.0) -> FastAPI:
     @app.post("/v1/audio/translations", dependencies=guarded)
     async def translations(request: Request, file: UploadFile = File(...), model: str = Form(...),
                            prompt: str | None = Form(None), response_format: str = Form("json"),
-                           temperature: float = Form(0.0)):
-        return await audio(request, "translate", file, model, None, prompt, response_format, temperature, None, None)
+                           temperature: float = Form(0.0), stream: bool | None = Form(None)):
+        return await audio(request, "translate", file, model, None, prompt, response_format, temperature, None,
+                           stream)
 
     @app.post("/v1/chat/completions", dependencies=guarded)
     async def chat_completions(request: Request):
@@ -220,8 +257,9 @@ def _asr_options(served: Served, task: str, language: str | None, prompt: str | 
     if bad:
         raise APIError(400, f"timestamp_granularities {bad[0]!r} is not available: segment only (no word "
                        "timestamps yet)", "timestamp_granularities[]")
-    if stream:
-        raise APIError(400, "stream is not supported for transcriptions yet", "stream")
+    if stream and response_format not in ("json", "text"):
+        raise APIError(400, f"stream needs response_format json or text (the events carry text), not "
+                       f"{response_format!r}", "stream")
     language = (language or "").strip().lower() or None
     extra = {}
     if prompt:
@@ -257,16 +295,41 @@ def _chat_request(body: dict) -> tuple[ChatSettings, list, bool]:
     return ChatSettings(max_tokens, float(temperature), float(top_p), seed), messages, bool(body.get("stream"))
 
 
-def _submit(scheduler: Scheduler, kind: str, key, payload) -> Future:
+def _submit(scheduler: Scheduler, kind: str, key, payload, listener=None) -> Job:
     try:
-        return scheduler.submit(kind, key, payload)
+        return scheduler.submit(kind, key, payload, listener)
     except SchedulerClosed as exc:
         raise APIError(503, str(exc), None, "shutting_down") from None
 
 
-async def _wait(future: Future, request: Request):
-    """The request's result; a client that goes away cancels it while it is still queued."""
-    waiting = asyncio.wrap_future(future)
+def _done_events(transcript, deltas: TextDeltas, figures: dict) -> list[str]:
+    """The last delta (what the windows' text lacked of the transcript's) and ``transcript.text.done``."""
+    events = [sse({"type": "transcript.text.delta", "delta": rest, "logprobs": None})
+              for rest in [deltas.finish(transcript.text)] if rest]
+    return events + [sse({"type": "transcript.text.done", "text": transcript.text, "logprobs": None,
+                          "tandem": figures})]
+
+
+async def _next_update(updates: Updates, job: Job, request: Request):
+    """The request's next update (``DONE`` once its future is); a client that goes away meanwhile cancels
+    the request (APIError 499)."""
+    getting = asyncio.ensure_future(updates.get())
+    try:
+        while True:
+            done, _ = await asyncio.wait({getting}, timeout=0.5)
+            if done:
+                return getting.result()
+            if await request.is_disconnected():
+                job.cancel()
+                raise APIError(499, "the client went away", None, "client_closed")
+    finally:
+        getting.cancel()
+
+
+async def _wait(job: Job, request: Request):
+    """The request's result; a client that goes away cancels it (``Job.cancel``: dropped while queued,
+    its rows leave the batch at the next boundary while decoding)."""
+    waiting = asyncio.wrap_future(job.future)
     while True:
         done, _ = await asyncio.wait({waiting}, timeout=0.5)
         if done:
@@ -274,10 +337,12 @@ async def _wait(future: Future, request: Request):
                 return waiting.result()
             except APIError:
                 raise
+            except RequestCancelled:
+                raise APIError(499, "the client went away", None, "client_closed") from None
             except Exception as exc:  # noqa: BLE001 - the batch failed: the server goes on
                 raise APIError(500, f"decoding failed: {type(exc).__name__}: {exc}", None, "server_error") from None
         if await request.is_disconnected():
-            future.cancel()  # dropped if still queued; rows already decoding finish
+            job.cancel()
             raise APIError(499, "the client went away", None, "client_closed")
 
 
@@ -302,9 +367,9 @@ async def _save_upload(file: UploadFile, folder: Path, limit: int) -> Path:
     return Path(name)
 
 
-def _remove_when_done(future: Future | None, path: Path) -> None:
+def _remove_when_done(job: Job | None, path: Path) -> None:
     """Delete the upload now, or when the rows still reading it finish."""
-    if future is None or future.done():
+    if job is None or job.future.done():
         path.unlink(missing_ok=True)
     else:
-        future.add_done_callback(lambda _f: path.unlink(missing_ok=True))
+        job.future.add_done_callback(lambda _f: path.unlink(missing_ok=True))

@@ -14,7 +14,9 @@ that request goes next.
 Chat completions: the queued chat requests with the same sampling settings and token budget, up to
 ``max_batch``, go through one engine call (rows of different prompt lengths).
 
-A request cancelled while queued (its client went away) is dropped; one already decoding finishes its rows.
+A request cancelled (its client went away: ``Job.cancel``) is dropped while queued; a transcription already
+decoding leaves the run at the next step boundary (``transcribe(watch=...)``), its future failing with
+RequestCancelled. ``watch`` also hands each step's new segments to the request's listener (streaming).
 """
 
 from __future__ import annotations
@@ -32,15 +34,35 @@ from ..errors import TandemError
 
 @dataclass
 class Job:
+    """One request in the scheduler. ``listener``, when set, is told the request's partial output from the
+    worker thread: asr, each step's new segments (``tuple[Segment, ...]``); chat, each round's new tokens."""
+
     kind: str  # "asr" or "chat"
     key: object  # what must be equal for jobs to share a batch (asr: the TranscribeOptions)
     payload: object  # asr: the audio file (Path); chat: the prompt's token ids
+    listener: Callable[[object], None] | None = None
     future: Future = field(default_factory=Future)
     enqueued: float = field(default_factory=time.monotonic)
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        """The client went away: a queued request is dropped; a decoding one's rows leave the batch at the
+        next boundary (asr: the next step; chat: the next engine round), and its future gets
+        RequestCancelled."""
+        self.cancelled = True
+        self.future.cancel()  # False once running: the worker then reads ``cancelled``
+
+    def tell(self, update) -> None:
+        if self.listener is not None:
+            self.listener(update)
 
 
 class SchedulerClosed(TandemError, RuntimeError):
     """The server is shutting down: no new requests."""
+
+
+class RequestCancelled(TandemError, RuntimeError):
+    """The request's client went away while its rows were decoding: they left the batch."""
 
 
 class Scheduler:
@@ -65,16 +87,16 @@ class Scheduler:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, kind: str, key, payload) -> Future:
-        """Queue one request; its future gets a Transcript (asr) or a chat result, or the exception that
-        failed its batch. SchedulerClosed once ``close`` has begun."""
-        job = Job(kind, key, payload)
+    def submit(self, kind: str, key, payload, listener: Callable[[object], None] | None = None) -> Job:
+        """Queue one request; its job's future gets a Transcript (asr) or a chat result, or the exception that
+        failed its batch (RequestCancelled after ``job.cancel()``). SchedulerClosed once ``close`` has begun."""
+        job = Job(kind, key, payload, listener)
         with self._cond:
             if self._closing:
                 raise SchedulerClosed("the server is shutting down")
             self._jobs.append(job)
             self._cond.notify_all()
-        return job.future
+        return job
 
     @property
     def queued(self) -> int:
@@ -152,9 +174,23 @@ class Scheduler:
                 self.on_batch("asr", len(new))
             return [job.payload for job in new]
 
+        def watch(path: str, segments: tuple) -> bool:
+            job = running.get(path)
+            if job is None:
+                return True
+            if job.cancelled:  # its rows leave the run at this step boundary
+                del running[path]
+                self.running = len(running)
+                job.future.set_exception(RequestCancelled("the client went away"))
+                return False
+            if segments:
+                job.tell(segments)
+            return True
+
         runner, pair = self.asr
         try:
-            for result in transcribe([], pair, replace(key, batch_size=self.max_batch), runner=runner, admit=admit):
+            for result in transcribe([], pair, replace(key, batch_size=self.max_batch), runner=runner, admit=admit,
+                                     watch=watch):
                 job = running.pop(result.path, None)
                 self.running = len(running)
                 if job is not None:
