@@ -16,15 +16,23 @@ from pipelines.engine import (
     prompt_lookup,
     rules_from_generation_config,
 )
-from pipelines.models.quantize import QuantizeOptions, WeightOnlyLinear, quantize_model, quantized
+from pipelines.models.quantize import (
+    DENSE_ROWS,
+    QuantizeOptions,
+    WeightOnlyLinear,
+    int4_layout,
+    quantize_model,
+    quantized,
+)
 
 CASES = [("int8", 32), ("int4", 32)]  # the toy model's 32 hidden features: int4 groups of 32
 
 
-def _quantized_llama(dtype: str, group: int, layers: int = 2, seed: int = 0, compute=torch.bfloat16):
+def _quantized_llama(dtype: str, group: int, layers: int = 2, seed: int = 0, compute=torch.bfloat16,
+                     dense_rows: int | None = None):
     model = make_causal("llama", layers=layers, seed=seed).to(compute)
-    replaced = quantize_model(model, dtype, group)
-    assert replaced == 7 * layers and quantized(model) == QuantizeOptions(dtype, group)
+    replaced = quantize_model(model, dtype, group, dense_rows=dense_rows)
+    assert replaced == 7 * layers and quantized(model) == QuantizeOptions(dtype, group, dense_rows=dense_rows)
     assert isinstance(model.lm_head, torch.nn.Linear)  # the head stays in the compute dtype
     return model
 
@@ -44,9 +52,36 @@ def test_a_rows_bits_do_not_depend_on_its_batch(dtype, group, compute):
     assert close.min() > (0.999 if dtype == "int8" else 0.99), close.min()
 
 
+@pytest.mark.parametrize("dtype,group", CASES + [("int4", 64)])
+@pytest.mark.parametrize("compute", [torch.bfloat16, torch.float32])
+def test_the_dense_weights_are_the_kernels_weights(dtype, group, compute):
+    torch.manual_seed(1)
+    linear = torch.nn.Linear(128, 80, bias=True).to(compute)  # 80 outputs: int4 blocks of 64 or 32 and a short one
+    layer = WeightOnlyLinear(linear, QuantizeOptions(dtype, group))
+    assert int4_layout() is not None  # this torch's int4 packing is one the dense path reads
+    layer.bias = None
+    kernel = layer(torch.eye(128, dtype=compute)).t()  # (N, K): the kernel's own weights, a row of the identity each
+    dense = layer.dense_weight()
+    assert torch.equal(dense if dtype == "int8" else dense.t(), kernel)
+
+
 @pytest.mark.parametrize("dtype,group", CASES)
-def test_one_verify_pass_gives_the_logits_of_plain_steps_bit_for_bit(dtype, group):
-    model = _quantized_llama(dtype, group)
+def test_a_product_of_many_rows_runs_on_the_dense_weights(dtype, group):
+    torch.manual_seed(2)
+    linear = torch.nn.Linear(64, 48, bias=False).to(torch.bfloat16)
+    layer = WeightOnlyLinear(linear, QuantizeOptions(dtype, group, dense_rows=8))
+    w = layer.dense_weight()
+    x = torch.randn(8, 64).to(torch.bfloat16)
+    expected = torch.nn.functional.linear(x, w) if dtype == "int8" else x @ w
+    assert torch.equal(layer(x), expected)
+    assert torch.equal(layer(x[:7]), torch.stack([layer(x[r : r + 1])[0] for r in range(7)]))  # the kernel below
+    assert QuantizeOptions(dtype).dense_from == DENSE_ROWS[dtype] and QuantizeOptions(dtype, dense_rows=0).dense_from == 0
+
+
+@pytest.mark.parametrize("dtype,group", CASES)
+@pytest.mark.parametrize("dense_rows", [None, 8])  # 8: the 8-token prompt pass runs on the dense weights
+def test_one_verify_pass_gives_the_logits_of_plain_steps_bit_for_bit(dtype, group, dense_rows):
+    model = _quantized_llama(dtype, group, dense_rows=dense_rows)
     dec = as_decoder(model)
     prompt = sources(1, seed=7, lengths=(9,))[0][0].tolist()
     drafts = [5, 17, 30, 11, 8, 40]  # six drafts: the last prompt token and them take two passes of width 4
@@ -108,6 +143,8 @@ def test_options_are_checked():
         QuantizeOptions("int3")
     with pytest.raises(ValueError, match="group size"):
         QuantizeOptions("int4", 48)
+    with pytest.raises(ValueError, match="dense rows"):
+        QuantizeOptions("int4", dense_rows=-1)
 
 
 def test_weight_dtypes_run_on_a_cpu_in_bfloat16_or_float32_and_are_refused_on_cuda(monkeypatch):
