@@ -200,7 +200,8 @@ def test_chunked_long_form_times_and_identical_output(registry, speech_long):
 
 
 def test_language_detection_reuses_the_encoder_pass(registry, base_runner, speech_real, monkeypatch):
-    """--language auto: each file's first window is encoded once, for detection and decoding both."""
+    """--language auto: each window is encoded once, for detection and decoding both (the windows of a step in
+    one encoder pass, as with a fixed language)."""
     paths = [i["audio_path"] for i in speech_real[:2]]
     main = base_runner.loaded.main
     calls = []
@@ -213,7 +214,7 @@ def test_language_detection_reuses_the_encoder_pass(registry, base_runner, speec
     monkeypatch.setattr(main, "encode", counting)
     pair = registry.get("whisper-base")
     auto = list(transcribe(paths, pair, TranscribeOptions(language=None, batch_size=2), base_runner))
-    assert calls == [1, 1] and [r.language for r in auto] == ["en", "en"]
+    assert calls == [2] and [r.language for r in auto] == ["en", "en"]
     calls.clear()
     english = list(transcribe(paths, pair, TranscribeOptions(language="en", batch_size=2), base_runner))
     assert calls == [2] and [r.text for r in auto] == [r.text for r in english]

@@ -7,7 +7,7 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +16,7 @@ from ..audio import SAMPLE_RATE, AudioDecodeError
 from ..engine import DecodeStats
 from ..models.registry import Pair
 from .inputs import find_audio
-from .options import Progress, Segment, TranscribeOptions, Transcript
+from .options import DroppedWindow, Progress, Segment, TranscribeOptions, Transcript
 from .prompts import PromptHistory, prompt_tokens, window_prompt
 from .runner import WhisperRunner, check_prompts
 from .safeguards import MIN_AUDIO_SECONDS, decide
@@ -35,8 +35,9 @@ class _Cursor:
     single: bool  # the file fits one window
     seek: int = 0  # sample where the next window starts
     segments: list[Segment] = field(default_factory=list)
-    language: str | None = None
-    prompt: list[int] | None = None  # <|startoftranscript|> <|lang|> <|task|> [<|notimestamps|>]
+    language: str | None = None  # the file's: the fixed one, or (auto) its first decoded window's, as whisper's
+    started: bool = False  # its first piece was gathered (history and fixed prompt set)
+    prompt: list[int] | None = None  # fixed language: <|startoftranscript|> <|lang|> <|task|> [<|notimestamps|>]
     history: PromptHistory = field(default_factory=PromptHistory)  # the text prompt's tokens so far (prompts.py)
     seconds: float = 0.0
     decode_seconds: float = 0.0
@@ -50,6 +51,7 @@ class _Cursor:
     retried: int = 0
     skipped: int = 0
     dropped: int = 0
+    dropped_windows: list[DroppedWindow] = field(default_factory=list)
     hist: Counter = field(default_factory=Counter)  # accepted drafts per round -> rounds
     cut: int = 0  # windows whose kept decode stopped at max_new_tokens, not at end of text
     leftovers: list[tuple[int, np.ndarray]] = field(default_factory=list)  # chunked: (start, samples) to redo
@@ -66,12 +68,15 @@ def _finish(cur: _Cursor, compare: bool) -> Transcript:
     cur.segments.sort(key=lambda seg: seg.start)  # chunked mode may decode a leftover after later chunks
     text = " ".join(s.text for s in cur.segments).strip()
     report = cur.reader.report
+    at = report.start_offset  # dropped windows count from the container's start, as the segments do
+    dropped = tuple(replace(w, start=round(w.start + at, 3), end=round(w.end + at, 3)) for w in cur.dropped_windows)
     return Transcript(
         str(cur.path), text, cur.reader.known_length / SAMPLE_RATE, cur.seconds, None,
         tuple(in_container_time(cur.segments, report)),
         cur.language, cur.tokens, cur.main_calls, cur.drafted, cur.accepted, cur.decode_seconds,
         cur.plain_seconds if compare else None, cur.identical if compare else None, cur.retried, cur.skipped, cur.dropped,
         dict(sorted(cur.hist.items())), cur.cut, "length" if cur.cut else "stop", **decode_fields(report),
+        dropped_windows=dropped,
     )
 
 
@@ -104,14 +109,46 @@ class _Piece:
     cursor: _Cursor
     start: int  # sample of the file where it starts
     audio: np.ndarray
-    prompt: list[int]  # the decoder's prompt: text prompt (if any), then the cursor's start-of-transcript tokens
+    prompt: list[int] | None  # the decoder's prompt: text prompt (if any), then ``sot``; None until detected
+    sot: list[int] | None  # <|startoftranscript|> <|lang|> <|task|> [<|notimestamps|>]; None: language to detect
     encoded: object = None  # its encoder output when language detection already computed it
+    language: str | None = None  # auto: the language detected on this piece, and its probability
+    language_probability: float | None = None
+
+
+def _auto(runner: WhisperRunner, options: TranscribeOptions) -> bool:
+    """Whether each window's language is detected (``language=None`` on a multilingual model)."""
+    return options.language is None and runner.multilingual
+
+
+def _with_prompt(runner: WhisperRunner, piece: _Piece, sot: list[int], options: TranscribeOptions) -> _Piece:
+    """``piece`` with its start-of-transcript tokens and its decoder prompt: the text prompt (hotwords, the
+    file's text so far) before them (``prompts.window_prompt``)."""
+    prompt = window_prompt(sot, runner.sot_prev, prompt_tokens(runner.tokenizer, options.hotwords),
+                           piece.cursor.history.tokens)
+    return replace(piece, sot=sot, prompt=prompt)
+
+
+def _detect_languages(runner: WhisperRunner, work: dict[bool, list[_Piece]], options: TranscribeOptions) -> None:
+    """Auto language: every piece without one is encoded (one encoder pass for all of them, which decoding
+    then reuses: ``_Piece.encoded``), its language detected from that pass (``WhisperRunner.languages_of``) and
+    its prompt built in that language. A file's language is its first decoded window's (whisper's)."""
+    todo = [(mode, i) for mode, pieces in work.items() for i, p in enumerate(pieces) if p.sot is None]
+    if not todo:
+        return
+    hidden = runner.encode(runner.feats([work[mode][i].audio for mode, i in todo]))
+    for (mode, i), h, (language, p) in zip(todo, hidden, runner.languages_of(hidden)):
+        piece = work[mode][i]
+        piece.cursor.language = piece.cursor.language or language
+        sot = runner.prompt(language, options.task, timestamps=not piece.cursor.single)
+        work[mode][i] = replace(_with_prompt(runner, piece, sot, options), encoded=h, language=language,
+                                language_probability=round(p, 4))
 
 
 def _gather(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptions) -> dict[bool, list[_Piece]]:
     """The pieces to decode in this step, by timestamp mode: one window per file (sequential), or in
-    chunked mode as many chunks of the active files as fill the batch. Silent pieces are skipped. A
-    file's first piece detects its language (``language=None``) and keeps that encoder output."""
+    chunked mode as many chunks of the active files as fill the batch. Silent pieces are skipped. With
+    ``language=None`` each piece's language is detected from its own encoder pass (``_detect_languages``)."""
     work: dict[bool, list[_Piece]] = {True: [], False: []}
     for cur in active:
         while not cur.done and sum(map(len, work.values())) < max(1, options.batch_size):
@@ -125,18 +162,14 @@ def _gather(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOpt
                     cur.seek += len(audio)
                 cur.done = cur.reader.ended and cur.seek >= cur.reader.known_length
                 continue
-            hidden = None
-            if cur.prompt is None:
-                if options.language is None and runner.multilingual:
-                    hidden = runner.encode(runner.feats([audio]))[0]
-                    cur.language = runner.language_of(hidden[None])
-                else:
-                    cur.language = options.language or "en"
-                cur.prompt = runner.prompt(cur.language, options.task, timestamps=not cur.single)
+            if not cur.started:
+                cur.started = True
                 cur.history = PromptHistory(prompt_tokens(runner.tokenizer, options.initial_prompt))
-            prompt = window_prompt(cur.prompt, runner.sot_prev, prompt_tokens(runner.tokenizer, options.hotwords),
-                                   cur.history.tokens)
-            work[not cur.single].append(_Piece(cur, start, audio, prompt, hidden))
+                if not _auto(runner, options):
+                    cur.language = options.language or "en"
+                    cur.prompt = runner.prompt(cur.language, options.task, timestamps=not cur.single)
+            piece = _Piece(cur, start, audio, None, None)
+            work[not cur.single].append(piece if cur.prompt is None else _with_prompt(runner, piece, cur.prompt, options))
             if not _in_chunks(cur, options):
                 break  # sequential: the next window depends on this one's timestamps
     return work
@@ -153,6 +186,7 @@ def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptio
     """Advance every active cursor: its next window (or chunks) decoded together with the other files',
     under Whisper's safeguards (``safeguards.decide``). Returns how many windows (or chunks) were decoded."""
     work = _gather(runner, active, options)
+    _detect_languages(runner, work, options)
     eot = runner.model.generation_config.eos_token_id
     # batch rows share the prompt length: one engine call per timestamp mode and prompt length (text prompts
     # of different lengths, e.g. each file's previous text, decode in calls of their own)
@@ -175,6 +209,9 @@ def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptio
             cur.retried += verdict.retried > 0
             cur.skipped += verdict.skipped
             cur.dropped += verdict.dropped
+            if verdict.dropped:
+                cur.dropped_windows.append(DroppedWindow(round(start / SAMPLE_RATE, 2),
+                                                         round((start + len(audio)) / SAMPLE_RATE, 2), verdict.reason))
             tokens = [t for t in verdict.tokens if t != eot]
             kept = not (verdict.skipped or verdict.dropped)
             if kept:
@@ -195,11 +232,16 @@ def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptio
             voiced = voiced_frames(audio)
             if options.word_timestamps and segs:  # whisper's: segments take their words' bounds (words.py)
                 segs, cur.last_speech = add_word_timestamps(
-                    runner, enc.hidden[row], cur.prompt, pieces, min(3000, len(audio) // 160), offset, cur.language,
+                    runner, enc.hidden[row], piece.sot, pieces, min(3000, len(audio) // 160), offset,
+                    piece.language or cur.language,
                     cur.last_speech, options.prepend_punctuations, options.append_punctuations)
             else:
                 segs = split_at_pauses(tighten_segments(segs, voiced, offset), voiced, offset)
-            cur.segments += describe_segments(clamp_segments(segs, offset + length), verdict, options.no_speech_threshold)
+            segs = describe_segments(clamp_segments(segs, offset + length), verdict, options.no_speech_threshold)
+            if piece.language is not None:  # auto: each segment says its window's language
+                segs = [replace(seg, language=piece.language, language_probability=piece.language_probability)
+                        for seg in segs]
+            cur.segments += segs
             if not _in_chunks(cur, options):
                 cur.seek += max(1, int(round(advance * SAMPLE_RATE)))
             else:

@@ -86,6 +86,17 @@ class Segment:
     temperature: float | None = None  # of the window's kept decode (above 0: a fallback)
     no_speech: bool = False  # p(no speech) was above no_speech_threshold; kept because the text was confident
     words: tuple[Word, ...] = ()  # with word_timestamps: its words, in order
+    language: str | None = None  # language=None (auto): the language detected on the segment's window
+    language_probability: float | None = None  # and its probability (softmax over the language tokens)
+
+
+@dataclass(frozen=True)
+class DroppedWindow:
+    """A window the safeguards dropped (still repetitive or unlikely at the last temperature): nothing written."""
+
+    start: float  # seconds from the start of the file (counted as the segments are)
+    end: float
+    reason: str  # "repetitive: compression ratio 3.10 > 2.4 at temperature 1.0", "unlikely: ..."
 
 
 @dataclass(frozen=True)
@@ -119,6 +130,7 @@ class Transcript:
     truncated: bool = False  # the file ends clearly before the duration it declares
     decode_warnings: tuple[str, ...] = ()  # one line each
     seconds_recovered: float | None = None  # when damaged: seconds of the file's own audio decoded
+    dropped_windows: tuple[DroppedWindow, ...] = ()  # the ``dropped`` windows, each with its times and reason
 
     @property
     def ok(self) -> bool:

@@ -63,14 +63,19 @@ def format_json(t: Transcript) -> str:
     data = asdict(t)
     data["path"] = display(t.path)  # valid UTF-8 whatever bytes the name has
     data["segments"] = [_segment_json(s) for s in t.segments]
+    if not t.dropped_windows:  # named only when there are some: other files' json stays as it was
+        del data["dropped_windows"]
     return json.dumps(data, ensure_ascii=False, indent=1)
 
 
 def _segment_json(s: Segment) -> dict:
-    """A segment as JSON, with ``words`` (whisper's: start, end, word, probability) only when it has some."""
+    """A segment as JSON, with ``words`` (whisper's: start, end, word, probability) only when it has some, and
+    ``language``, ``language_probability`` only when detected (``language=None``, auto)."""
     data = asdict(s)
     if not s.words:
         del data["words"]
+    if s.language is None:
+        del data["language"], data["language_probability"]
     return data
 
 

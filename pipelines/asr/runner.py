@@ -118,14 +118,30 @@ class WhisperRunner:
         with self._torch.inference_mode():
             return self.loaded.plain.main.encode(input_features=features).hidden
 
-    def language_of(self, hidden) -> str:
-        """Whisper's language detection from one window's encoder output (``encode``), so that the
-        window's encoder pass also serves its decoding."""
+    @cached_property
+    def language_ids(self) -> list[int]:
+        """The language tokens' ids (<|en|>, <|de|>, ...) of a multilingual model, in its generation config's order."""
+        return list(self.model.generation_config.lang_to_id.values())
+
+    def languages_of(self, hidden) -> list[tuple[str, float]]:
+        """Whisper's language detection (openai/whisper ``detect_language``, transformers' ``detect_language``)
+        from windows' encoder output (``encode``: (windows, frames, d_model)), so that each window's encoder
+        pass also serves its decoding: per window (code, probability).
+
+        p(lang) = softmax over the language tokens of the main model's logits after <|startoftranscript|>;
+        the language is the argmax (transformers' choice), its probability whisper's ``language_probs``."""
         from transformers.modeling_outputs import BaseModelOutput
 
-        with self._torch.inference_mode():
-            lang_id = int(self.model.detect_language(encoder_outputs=BaseModelOutput(last_hidden_state=hidden))[0])
-        return self.tokenizer.convert_ids_to_tokens(lang_id)[2:-2]
+        torch = self._torch
+        sot = self.model.generation_config.decoder_start_token_id
+        start = torch.full((hidden.shape[0], 1), sot, dtype=torch.long, device=hidden.device)
+        with torch.inference_mode():
+            logits = self.model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden), decoder_input_ids=start,
+                                use_cache=False).logits[:, -1, self.language_ids].float()
+        probs = torch.softmax(logits, dim=-1)
+        best = probs.argmax(-1).tolist()
+        names = self.tokenizer.convert_ids_to_tokens([self.language_ids[b] for b in best])
+        return [(name[2:-2], float(probs[i, b])) for i, (name, b) in enumerate(zip(names, best))]
 
     def prompt(self, language: str | None, task: str, timestamps: bool) -> list[int]:
         """<|startoftranscript|> [<|lang|> <|task|>] [<|notimestamps|>]."""

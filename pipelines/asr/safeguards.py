@@ -42,6 +42,7 @@ class WindowVerdict:
     skipped: bool = False  # silence: p(no speech) above its threshold and a low avg_logprob
     dropped: bool = False  # still repetitive or unlikely at the last temperature: not written
     retried: int = 0  # fallback decodes made
+    reason: str = ""  # when dropped: why, in a few words (``drop_reason``)
 
 
 def compression_ratio(text: str) -> float:
@@ -72,6 +73,17 @@ def is_silence(no_speech: float | None, logprob: float, options) -> bool:
     if options.no_speech_threshold is None or no_speech is None or no_speech <= options.no_speech_threshold:
         return False
     return not (options.logprob_threshold is not None and logprob > options.logprob_threshold)
+
+
+def drop_reason(ratio: float, logprob: float, temperature: float, options) -> str:
+    """Why a window is dropped, in a few words: "repetitive: compression ratio 3.10 > 2.4 at temperature 1.0",
+    "unlikely: avg log-probability -1.42 < -1.0 at temperature 1.0" (both, joined, when both hold)."""
+    why = []
+    if options.compression_ratio_threshold is not None and ratio > options.compression_ratio_threshold:
+        why.append(f"repetitive: compression ratio {ratio:.2f} > {options.compression_ratio_threshold}")
+    if options.logprob_threshold is not None and logprob < options.logprob_threshold:
+        why.append(f"unlikely: avg log-probability {logprob:.2f} < {options.logprob_threshold}")
+    return "; ".join(why) + f" at temperature {temperature}"
 
 
 def check_options(options) -> None:
@@ -141,6 +153,7 @@ def _judge(result, rows: list[int], temperature: float, i: int, no_speech: list[
         elif needs_fallback(ratio, logprob, no_speech[r], options) and not last:
             retry.append(r)
         elif needs_fallback(ratio, logprob, no_speech[r], options) and len(options.temperature) > 1:
-            verdict = replace(verdict, tokens=(), dropped=True)  # a loop, or unlikely, even at the last temperature
+            verdict = replace(verdict, tokens=(), dropped=True,  # a loop, or unlikely, even at the last temperature
+                              reason=drop_reason(ratio, logprob, temperature, options))
         verdicts[r] = verdict
     return retry

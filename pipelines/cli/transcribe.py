@@ -183,6 +183,8 @@ def summary_lines(run: BatchRun, job: BatchJob, refs: dict[str, str], out: str |
     if retried or skipped or dropped:
         lines.append(f"  safeguards:      {retried} windows decoded again hotter, {skipped} skipped as silence, "
                      f"{dropped} dropped (still repetitive or unlikely at the last temperature)")
+    if dropped:
+        lines.append(f"  dropped:         {dropped_line(good)}")
     compared = [r for r in good if r.plain_seconds is not None]
     if compared:
         assisted_s = sum(r.decode_seconds for r in compared)
@@ -204,6 +206,15 @@ def summary_lines(run: BatchRun, job: BatchJob, refs: dict[str, str], out: str |
     if run.failed and job.tree:
         lines.append(f"  failures:        {Path(out) / 'failures.tsv'}")
     return lines
+
+
+def dropped_line(good: list[Transcript]) -> str:
+    """The windows the safeguards dropped, named: "talk.wav 30.00-60.00 s (repetitive: compression ratio
+    3.10 > 2.4 at temperature 1.0)", the first five, then how many more (every one is in its file's json)."""
+    named = [f"{display(Path(r.path).name)} {w.start:.2f}-{w.end:.2f} s ({w.reason})"
+             for r in good for w in r.dropped_windows]
+    more = f" and {len(named) - 5} more" if len(named) > 5 else ""
+    return "; ".join(named[:5]) + more + " (dropped_windows in their json)"
 
 
 def audio_lines(good: list[Transcript]) -> list[str]:
