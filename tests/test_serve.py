@@ -272,10 +272,32 @@ def test_chat_completion_equals_generate_whole_and_streamed(chat_server):
     assert got.usage.prompt_tokens == len(ids) and got.model_extra["tandem"]["tokens"] == got.usage.completion_tokens
     chunks = list(client.chat.completions.create(model="tiny-chat", messages=messages, max_tokens=12, temperature=0,
                                                  stream=True))
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
-    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    texts = [c.choices[0].delta.content for c in chunks if c.choices[0].delta.content]
+    assert "".join(texts) == expected
+    assert len(texts) > 1  # token by token as rounds accept them, not one piece at the end
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length") and chunks[-1].usage.completion_tokens > 1
     assert [m.id for m in client.models.list()] == ["tiny-chat"]
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="gpt-4o", messages=messages)
     with pytest.raises(openai.BadRequestError, match="role"):
         client.chat.completions.create(model="tiny-chat", messages=[{"role": "robot", "content": "hi"}])
+
+
+def test_chat_rounds_report_tokens_and_a_stopped_row_leaves_the_others_as_they_were(chat_server):
+    from pipelines.serve.chat import ChatSettings
+
+    _server, engine = chat_server
+    prompts = [engine.prompt([{"role": "user", "content": text}]) for text in ("Summarize it.", "Say more, please.")]
+    settings = ChatSettings(max_tokens=16)
+    alone = [engine.complete([p], settings)[0] for p in prompts]
+    seen: dict[int, list[int]] = {0: [], 1: []}
+
+    def on_tokens(row: int, tokens: list[int]) -> bool:
+        seen[row] += tokens
+        return row == 0  # row 1 stops after its first round
+
+    both = engine.complete(prompts, settings, on_tokens)
+    assert both[0].text == alone[0].text  # the other row is untouched by the stop
+    assert engine.runner.tok.decode(seen[0], skip_special_tokens=True).strip() == both[0].text  # rounds add up
+    assert 0 < both[1].completion_tokens == len(seen[1]) < alone[1].completion_tokens

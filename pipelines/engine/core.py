@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -93,6 +94,9 @@ class DecodeResult:
     # rules, without temperature (Whisper's sum_logprobs; avg_logprob = sum / len)
     sum_logprobs: tuple[float, ...] = ()
     prompt_logits: torch.Tensor | None = None  # with logits_at: (rows, V) float32, the logits at that prompt index
+
+
+OnRound = Callable[[dict[int, list[int]]], Iterable[int] | None]  # generate's per-round report: rows to stop
 
 
 def seeded_policy(options: DecodeOptions) -> PolicyOptions:
@@ -172,12 +176,16 @@ class AssistedDecoder:
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], rules: Rules, options: DecodeOptions = DecodeOptions(),
-                 encoder_inputs: dict | None = None, encoder_output: EncoderOutput | None = None) -> DecodeResult:
+                 encoder_inputs: dict | None = None, encoder_output: EncoderOutput | None = None,
+                 on_round: OnRound | None = None) -> DecodeResult:
         """Decode ``prompts`` (one list of ids a row) under ``rules``: encode once, then round after round
         draft, verify, accept and shrink the batch (module docstring) until every row has finished.
         ``encoder_inputs`` (e.g. ``input_features`` (B, 80, 3000)) or an ``encoder_output`` already computed
         (B, S, D) for an encoder-decoder main model. Greedy output equals the main model's own greedy decoding;
-        sampled output follows its distribution."""
+        sampled output follows its distribution. ``on_round(new)``, when given, is told after each round the
+        tokens each row emitted in it (``{prompt index: tokens}``, rows that emitted any) and may name rows
+        to stop there: they finish as a row that emits EOS does (their output so far is returned), and the
+        other rows go on as they would after such a finish (``_stop``)."""
         t_start = time.perf_counter()
         # the seeded generator lives on the model's device, as the distributions it samples from
         generator = torch.Generator(self.main.device).manual_seed(options.seed) if options.seed is not None else None
@@ -208,6 +216,8 @@ class AssistedDecoder:
                 verified = self._verify(req, cache, enc, drafts, gen_lens, rules, options)
                 accepted, emitted = self._accept(req, verified, drafts, qs, gen_lens, rules, options, sampling, generator)
                 self._commit(req, cache, verified, accepted, emitted)
+                if on_round is not None:
+                    self._stop(req, on_round({req.alive[b]: e for b, e in enumerate(emitted) if e}))
                 v_s = time.perf_counter() - t1
                 req.verify_s += v_s
                 if drafter is not None:
@@ -345,6 +355,16 @@ class AssistedDecoder:
             req.seqs[b].extend(new)
             req.out[req.alive[b]].extend(new)
             req.pending[b] = [] if req.done[b] else [new[-1]]
+
+    @staticmethod
+    def _stop(req: Request, rows) -> None:
+        """Rows (prompt indices) that the caller stops: marked finished with nothing pending, exactly as a row
+        that emitted EOS is after ``_commit`` (its cache holds what it accepted; it drafts and verifies no
+        more, and ``_shrink`` may drop it), so the other rows decode as they would have."""
+        stop = set(rows or ())
+        for b, row in enumerate(req.alive):
+            if row in stop:
+                req.done[b], req.pending[b] = True, []
 
     def _shrink(self, req: Request, cache, enc: EncoderOutput | None, drafter, policy) -> EncoderOutput | None:
         """Finished rows leave the batch once they are a quarter of it (each removal copies the caches),

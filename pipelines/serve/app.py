@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -25,24 +24,15 @@ from starlette.exceptions import HTTPException
 
 from ..asr import LanguageError, TranscribeOptions
 from .chat import ChatEngine, ChatInputError, ChatSettings
-from .formats import (
-    RESPONSE_FORMATS,
-    TIMED_FORMATS,
-    chat_body,
-    chat_chunks,
-    tandem_figures,
-    transcript_figures,
-    transcription_body,
-)
-from .http import APIError, BodyLimit, authorized
+from .formats import RESPONSE_FORMATS, TIMED_FORMATS, chat_body, tandem_figures, transcript_figures, transcription_body
+from .http import CHUNK, APIError, BodyLimit, authorized, remove_when_done, save_upload
 from .metrics import Metrics
 from .options import ServeOptions
 from .scheduler import Job, RequestCancelled, Scheduler, SchedulerClosed
-from .stream import DONE, TextDeltas, Updates, sse
+from .stream import DONE, ChatStream, TextDeltas, Updates, sse
 
 ASR_ALIAS = "whisper-1"  # what OpenAI clients and tools send by default: the served speech pair
 DEFAULT_CHAT_TOKENS = 256
-CHUNK = 1 << 20
 
 
 @dataclass
@@ -133,7 +123,7 @@ def create_app(served: Served, grace_seconds: float = 30.0) -> FastAPI:
             runner.check_language(key)
         except LanguageError as exc:
             raise APIError(400, str(exc), "language", "unsupported_language") from None
-        path, job = await _save_upload(file, upload_dir, options.max_upload_bytes), None
+        path, job = await save_upload(file, upload_dir, options.max_upload_bytes), None
         updates = Updates() if stream else None
         try:
             job = _submit(served.scheduler, "asr", key, path, updates and updates.put)
@@ -145,7 +135,7 @@ def create_app(served: Served, grace_seconds: float = 30.0) -> FastAPI:
                                              media_type="text/event-stream")
             transcript = await _wait(job, request)
         finally:
-            _remove_when_done(job, path)
+            remove_when_done(job and job.future, path)
         figures = _transcript_done(transcript, path, start, endpoint)
         if stream:  # nothing was said before the end: one done event
             return StreamingResponse(iter(_done_events(transcript, TextDeltas(), figures)),
@@ -167,26 +157,18 @@ def create_app(served: Served, grace_seconds: float = 30.0) -> FastAPI:
         metrics.requests.labels(endpoint, "200").inc()
         return figures
 
-    async def _transcript_events(first, updates: Updates, job: Job, request: Request, path: Path, start: float,
-                                 endpoint: str):
-        """``transcript.text.delta`` events as the request's windows finish, then ``transcript.text.done``
-        (an error event if its decoding fails); a client gone away cancels the request."""
-        deltas, texts, item = TextDeltas(), [], first
-        try:
-            while item is not DONE:
-                texts += [seg.text for seg in item]
-                if delta := deltas.feed(" ".join(texts)):
-                    yield sse({"type": "transcript.text.delta", "delta": delta, "logprobs": None})
-                item = await updates.get()
-            try:
-                transcript = await _wait(job, request)
-                for event in _done_events(transcript, deltas, _transcript_done(transcript, path, start, endpoint)):
-                    yield event
-            except APIError as exc:
-                yield sse(exc.body())
-        finally:
-            if not job.future.done():
-                job.cancel()
+    def _transcript_events(first, updates: Updates, job: Job, request: Request, path: Path, start: float,
+                           endpoint: str):
+        """``transcript.text.delta`` events as the request's windows finish, then ``transcript.text.done``."""
+        deltas, texts = TextDeltas(), []
+
+        def update(segments) -> list[str]:
+            texts.extend(seg.text for seg in segments)
+            delta = deltas.feed(" ".join(texts))
+            return [sse({"type": "transcript.text.delta", "delta": delta, "logprobs": None})] if delta else []
+
+        return _events([], first, updates, job, request, update,
+                       lambda t: _done_events(t, deltas, _transcript_done(t, path, start, endpoint)))
 
     @app.post("/v1/audio/transcriptions", dependencies=guarded)
     async def transcriptions(request: Request, file: UploadFile = File(...), model: str = Form(...),
@@ -224,16 +206,33 @@ def create_app(served: Served, grace_seconds: float = 30.0) -> FastAPI:
             served.chat.check(ids, settings)
         except ChatInputError as exc:
             raise APIError(400, str(exc), "messages") from None
-        result = await _wait(_submit(served.scheduler, "chat", settings, ids), request)
+        updates = Updates() if stream else None
+        job = _submit(served.scheduler, "chat", settings, ids, updates and updates.put)
+        if stream:  # the first tokens (or the end) before the response starts: an early failure is a plain error
+            job.future.add_done_callback(updates.done)
+            first = await _next_update(updates, job, request)
+            if first is DONE:
+                await _wait(job, request)
+            return StreamingResponse(_chat_events(first, updates, job, request, ChatStream(model, served.chat), start),
+                                     media_type="text/event-stream")
+        result = await _wait(job, request)
+        return chat_body(model, result, _chat_done(result, start))
+
+    def _chat_done(result, start: float) -> dict:
+        """The completion's figures, counted in the metrics."""
         latency = time.perf_counter() - start
         figures = {**tandem_figures(result.completion_tokens, result.main_calls, result.drafted, result.accepted,
                                     result.decoder_seconds), "latency_seconds": round(latency, 4)}
         metrics.decoded("chat", result.completion_tokens, result.main_calls, result.drafted, result.accepted)
         metrics.latency.labels("chat").observe(latency)
         metrics.requests.labels("chat", "200").inc()
-        if stream:
-            return StreamingResponse(iter(chat_chunks(model, result, figures)), media_type="text/event-stream")
-        return chat_body(model, result, figures)
+        return figures
+
+    def _chat_events(first, updates: Updates, job: Job, request: Request, chunks: ChatStream, start: float):
+        """``chat.completion.chunk`` events: the role, the text as the engine accepts tokens (round by round),
+        the finish reason with the usage and figures, ``[DONE]``."""
+        return _events([chunks.role()], first, updates, job, request, lambda new: [e for e in [chunks.tokens(new)] if e],
+                       lambda result: chunks.finish(result, _chat_done(result, start)))
 
     return app
 
@@ -302,6 +301,29 @@ def _submit(scheduler: Scheduler, kind: str, key, payload, listener=None) -> Job
         raise APIError(503, str(exc), None, "shutting_down") from None
 
 
+async def _events(head: list[str], item, updates: Updates, job: Job, request: Request, update, finish):
+    """A streamed request's server-sent events: ``head``, then ``update(item)``'s for each update the worker
+    reports (``item`` the first, already received), then ``finish(result)``'s, or an error event when the
+    request failed. A client that goes away (the response closes this generator) cancels the request: its
+    rows leave the batch at the next boundary."""
+    try:
+        for event in head:
+            yield event
+        while item is not DONE:
+            for event in update(item):
+                yield event
+            item = await updates.get()
+        try:
+            events = finish(await _wait(job, request))
+        except APIError as exc:
+            events = [sse(exc.body())]
+        for event in events:
+            yield event
+    finally:
+        if not job.future.done():
+            job.cancel()
+
+
 def _done_events(transcript, deltas: TextDeltas, figures: dict) -> list[str]:
     """The last delta (what the windows' text lacked of the transcript's) and ``transcript.text.done``."""
     events = [sse({"type": "transcript.text.delta", "delta": rest, "logprobs": None})
@@ -344,32 +366,3 @@ async def _wait(job: Job, request: Request):
         if await request.is_disconnected():
             job.cancel()
             raise APIError(499, "the client went away", None, "client_closed")
-
-
-async def _save_upload(file: UploadFile, folder: Path, limit: int) -> Path:
-    """Copy the upload to a temporary file of the server's naming, in chunks; APIError 413 past ``limit``."""
-    fd, name = tempfile.mkstemp(suffix=".upload", dir=folder)
-    size = 0
-    try:
-        with os.fdopen(fd, "wb") as out:
-            while chunk := await file.read(CHUNK):
-                size += len(chunk)
-                if size > limit:
-                    raise APIError(413, f"the upload is larger than the server's cap of {limit / 2**20:g} MB "
-                                   "(tandem serve --max-upload-mb)", "file", "file_too_large")
-                out.write(chunk)
-    except BaseException:
-        Path(name).unlink(missing_ok=True)
-        raise
-    if size == 0:
-        Path(name).unlink(missing_ok=True)
-        raise APIError(400, "the uploaded file is empty", "file", "invalid_audio")
-    return Path(name)
-
-
-def _remove_when_done(job: Job | None, path: Path) -> None:
-    """Delete the upload now, or when the rows still reading it finish."""
-    if job is None or job.future.done():
-        path.unlink(missing_ok=True)
-    else:
-        job.future.add_done_callback(lambda _f: path.unlink(missing_ok=True))

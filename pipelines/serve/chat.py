@@ -3,6 +3,7 @@ template -> Tandem's engine (drafts from the pair's assistant or prompt lookup) 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..engine import DecodeOptions, Sampling, rules_from_generation_config
@@ -77,15 +78,22 @@ class ChatEngine:
             raise ChatInputError(f"the prompt ({len(prompt)} tokens) and max_tokens ({settings.max_tokens}) exceed "
                                  f"the model's context of {self.context} tokens")
 
-    def complete(self, prompts: list[list[int]], settings: ChatSettings) -> list[ChatResult]:
-        """Decode ``prompts`` together (one engine call), one result per prompt."""
+    def complete(self, prompts: list[list[int]], settings: ChatSettings,
+                 on_tokens: Callable[[int, list[int]], bool] | None = None) -> list[ChatResult]:
+        """Decode ``prompts`` together (one engine call), one result per prompt. ``on_tokens(row, tokens)``,
+        when given, is told each row's tokens as the engine accepts them, round by round; returning False
+        stops that row there (its client went away: the row leaves the batch, its result is cut short)."""
         runner = self.runner
         rules = rules_from_generation_config(runner.gen, max(map(len, prompts)), settings.max_tokens)
         sampled = settings.temperature > 0
         options = DecodeOptions(max_new_tokens=settings.max_tokens, do_sample=sampled, seed=settings.seed,
                                 sampling=Sampling(temperature=settings.temperature, top_p=settings.top_p)
                                 if sampled else Sampling())
-        result = runner.loaded.engine.generate(prompts, rules, options)
+        on_round = None
+        if on_tokens is not None:
+            def on_round(new: dict[int, list[int]]) -> list[int]:
+                return [row for row, tokens in new.items() if not on_tokens(row, tokens)]
+        result = runner.loaded.engine.generate(prompts, rules, options, on_round=on_round)
         stats, share = result.stats, 1.0 / len(prompts)
         eos = set(rules.eos)
         out = []

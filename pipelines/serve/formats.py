@@ -1,5 +1,5 @@
 """OpenAI's response bodies: transcriptions in json, text, srt, vtt and verbose_json, chat completions
-(whole and as server-sent chunks), and the ``tandem`` figures every response carries."""
+(whole; streamed chunks: ``stream.ChatStream``), and the ``tandem`` figures every response carries."""
 
 from __future__ import annotations
 
@@ -63,21 +63,3 @@ def chat_body(model: str, result, figures: dict) -> dict:
             "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
                       "total_tokens": result.prompt_tokens + result.completion_tokens},
             "tandem": figures}
-
-
-def chat_chunks(model: str, result, figures: dict) -> list[str]:
-    """The server-sent events of a streamed completion: the role, the text, the finish reason with the usage
-    and figures, then ``[DONE]`` (the engine returns a row's tokens when it finishes, so the text comes as one
-    delta, not token by token)."""
-    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": model}
-    deltas = [({"role": "assistant", "content": ""}, None), ({"content": result.text}, None), ({}, result.finish_reason)]
-    events = []
-    for n, (delta, finish) in enumerate(deltas):
-        chunk = {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
-        if n == len(deltas) - 1:
-            chunk["usage"] = {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-                              "total_tokens": result.prompt_tokens + result.completion_tokens}
-            chunk["tandem"] = figures
-        events.append(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n")
-    return events + ["data: [DONE]\n\n"]

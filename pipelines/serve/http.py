@@ -1,11 +1,19 @@
-"""HTTP plumbing of the server: OpenAI's error shape, Bearer authentication, the upload size cap."""
+"""HTTP plumbing of the server: OpenAI's error shape, Bearer authentication, the upload size cap, uploads
+saved to temporary files of the server's naming."""
 
 from __future__ import annotations
 
 import hmac
 import json
+import os
+import tempfile
+from concurrent.futures import Future
+from pathlib import Path
 
+from fastapi import UploadFile
 from starlette.exceptions import HTTPException
+
+CHUNK = 1 << 20  # bytes an upload is read in
 
 STATUS_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
                 413: "invalid_request_error", 422: "invalid_request_error", 503: "server_error", 500: "server_error"}
@@ -80,3 +88,32 @@ async def _send_error(send, exc: APIError) -> None:
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             (b"connection", b"close")]})
     await send({"type": "http.response.body", "body": body})
+
+
+async def save_upload(file: UploadFile, folder: Path, limit: int) -> Path:
+    """Copy the upload to a temporary file of the server's naming, in chunks; APIError 413 past ``limit``."""
+    fd, name = tempfile.mkstemp(suffix=".upload", dir=folder)
+    size = 0
+    try:
+        with os.fdopen(fd, "wb") as out:
+            while chunk := await file.read(CHUNK):
+                size += len(chunk)
+                if size > limit:
+                    raise APIError(413, f"the upload is larger than the server's cap of {limit / 2**20:g} MB "
+                                   "(tandem serve --max-upload-mb)", "file", "file_too_large")
+                out.write(chunk)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+    if size == 0:
+        Path(name).unlink(missing_ok=True)
+        raise APIError(400, "the uploaded file is empty", "file", "invalid_audio")
+    return Path(name)
+
+
+def remove_when_done(future: Future | None, path: Path) -> None:
+    """Delete the upload now, or when the rows still reading it finish (``future``: its request's)."""
+    if future is None or future.done():
+        path.unlink(missing_ok=True)
+    else:
+        future.add_done_callback(lambda _f: path.unlink(missing_ok=True))

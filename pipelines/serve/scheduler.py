@@ -15,8 +15,9 @@ Chat completions: the queued chat requests with the same sampling settings and t
 ``max_batch``, go through one engine call (rows of different prompt lengths).
 
 A request cancelled (its client went away: ``Job.cancel``) is dropped while queued; a transcription already
-decoding leaves the run at the next step boundary (``transcribe(watch=...)``), its future failing with
-RequestCancelled. ``watch`` also hands each step's new segments to the request's listener (streaming).
+decoding leaves the run at the next step boundary (``transcribe(watch=...)``), a chat completion at the
+engine's next round (``generate(on_round=...)``), its future failing with RequestCancelled. The same hooks
+hand each step's new segments, each round's new tokens, to the request's listener (streaming).
 """
 
 from __future__ import annotations
@@ -203,9 +204,21 @@ class Scheduler:
     def _run_chat(self, key, jobs: list[Job]) -> None:
         self.running = len(jobs)
         self.on_batch("chat", len(jobs))
-        results = self.chat([job.payload for job in jobs], key)
+
+        def on_tokens(row: int, tokens: list[int]) -> bool:
+            job = jobs[row]
+            if job.cancelled:  # its row leaves the batch at this round boundary
+                if not job.future.done():
+                    job.future.set_exception(RequestCancelled("the client went away"))
+                    self.running -= 1
+                return False
+            job.tell(tokens)
+            return True
+
+        results = self.chat([job.payload for job in jobs], key, on_tokens)
         for job, result in zip(jobs, results):
-            job.future.set_result(result)
+            if not job.future.done():
+                job.future.set_result(result)
 
 
 def result_of(transcript: Transcript) -> Transcript:

@@ -2,13 +2,16 @@
 deltas OpenAI streams (``transcript.text.delta`` / ``.done`` for audio, ``chat.completion.chunk`` for chat).
 
 ``Updates`` carries what the worker reports (a window's segments, a round's tokens) to the event loop;
-``TextDeltas`` turns a growing text into deltas that join to exactly the final text.
+``TextDeltas`` turns a growing text into deltas that join to exactly the final text; ``ChatStream`` makes
+a streamed completion's chunks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
+import uuid
 
 DONE = object()  # put on an Updates queue when the request's future is done
 
@@ -60,3 +63,35 @@ class TextDeltas:
         """The rest of ``final``; "" when the deltas sent are not its prefix (they cannot be taken back: a
         client should then read the done event's text)."""
         return final[len(self.sent):] if final.startswith(self.sent) else ""
+
+
+class ChatStream:
+    """The ``chat.completion.chunk`` events of one streamed completion: ``role()`` first, ``tokens(new)`` as
+    rounds accept tokens (the completion so far decoded again, its new text sent), ``finish(result,
+    figures)`` last (the rest of the text, the finish reason with the usage and Tandem's figures,
+    ``[DONE]``). ``engine``: the ``chat.ChatEngine`` (its tokenizer)."""
+
+    def __init__(self, model: str, engine) -> None:
+        self.head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk",
+                     "created": int(time.time()), "model": model}
+        self.tokenizer, self.ids, self.deltas = engine.runner.tok, [], TextDeltas()
+
+    def chunk(self, delta: dict, finish: str | None = None, **extra) -> str:
+        return sse({**self.head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+                                              "logprobs": None}], **extra})
+
+    def role(self) -> str:
+        return self.chunk({"role": "assistant", "content": ""})
+
+    def tokens(self, new: list[int]) -> str | None:
+        self.ids += new
+        delta = self.deltas.feed(self.tokenizer.decode(self.ids, skip_special_tokens=True))
+        return self.chunk({"content": delta}) if delta else None
+
+    def finish(self, result, figures: dict) -> list[str]:
+        """``result``: the row's ``chat.ChatResult``."""
+        rest = self.deltas.finish(result.text)
+        usage = {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
+                 "total_tokens": result.prompt_tokens + result.completion_tokens}
+        return ([self.chunk({"content": rest})] if rest else []) + [
+            self.chunk({}, result.finish_reason, usage=usage, tandem=figures), sse("[DONE]")]
