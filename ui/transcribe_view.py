@@ -6,6 +6,7 @@ speed that fits the pair, the accepted-drafts chart and the WER against a pasted
 
 from __future__ import annotations
 
+import math
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -120,9 +121,35 @@ def read_options(language: str | None, compare: bool) -> TranscribeOptions:
                              word_timestamps=words)
 
 
-def _progress_text(p: Progress) -> tuple[float, str]:
-    fraction = p.audio_done / p.audio_known if p.audio_known else 0.0
-    return fraction, f"{p.windows} window(s) decoded, {p.audio_done:.0f} of {p.audio_known:.0f} s of audio"
+def clock(seconds: float) -> str:
+    """``seconds`` as M:SS, or H:MM:SS from an hour."""
+    whole = int(round(seconds))
+    hours, rest = divmod(whole, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def time_left(seconds: float) -> str:
+    """A wall time still to wait, rounded as a person says it: "about 40 s", "about 25 min", "about 1 h 5 min"."""
+    if seconds < 60:
+        return f"about {max(5, math.ceil(seconds / 5) * 5)} s"
+    minutes = math.ceil(seconds / 60)
+    return f"about {minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"about {minutes} min"
+
+
+def progress_text(p: Progress) -> tuple[float, str]:
+    """The bar's fraction (audio decoded over the audio the file declares) and its line: windows done of the
+    windows expected, audio decoded of the whole, and the time left at the pace of the windows so far
+    (``Progress.windows_expected``, ``Progress.seconds_left``)."""
+    total = p.audio_total
+    fraction = p.audio_done / total if total else 0.0
+    expected = max(p.windows, p.windows_expected)
+    done = p.audio_done >= total
+    text = (f"window {p.windows} of {'' if done else 'about '}{expected}, {clock(p.audio_done)} of {clock(total)} "
+            "of audio")
+    left = p.seconds_left
+    if not done and left is not None:
+        text += f", {time_left(left)} left"
+    return fraction, text
 
 
 def run_transcription(pair: Pair, path: Path, options: TranscribeOptions) -> Transcript | None:
@@ -131,7 +158,7 @@ def run_transcription(pair: Pair, path: Path, options: TranscribeOptions) -> Tra
         runner = whisper_runner(pair.name, models_file())
         with working("asr", "Transcribing") as update:
             result = next(transcribe([path], pair, options, runner=runner,
-                                     progress=lambda p: update(*_progress_text(p))))
+                                     progress=lambda p: update(*progress_text(p))))
     except AudioDecodeError as exc:
         st.error(f"This file cannot be read as audio: {exc.reason}")
         return None

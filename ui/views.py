@@ -173,20 +173,22 @@ def quality(task: str, output: str, reference: str) -> None:
 @contextmanager
 def working(task: str, what: str) -> Iterator[Callable[[float, str], None]]:
     """A progress bar, the elapsed time and a Stop button while the body runs; yields ``update(fraction,
-    detail)``. Stop works the Streamlit way: its click reruns the page, which ends this run at its next
+    detail)``; the closing line repeats the last detail. Stop works the Streamlit way: its click reruns the page, which ends this run at its next
     update (after the window or batch in hand). The rerun finds ``<task>_stop`` set (``stopped``)."""
     holder = st.empty()
     box = holder.container()
     box.button("Stop", key=f"{task}_stop", help="Stops after the window or batch being decoded")
     bar = box.progress(0.0, text=f"{what}...")
     begun = time.perf_counter()
+    last = [""]  # the latest detail, repeated in the closing line
 
     def update(fraction: float, detail: str) -> None:
+        last[0] = detail
         bar.progress(max(0.0, min(1.0, fraction)), text=f"{what}: {detail}, {time.perf_counter() - begun:.0f} s elapsed")
 
     yield update
     holder.empty()
-    st.caption(f"Done in {time.perf_counter() - begun:.1f} s.")
+    st.caption(f"Done in {time.perf_counter() - begun:.1f} s" + (f" ({last[0]})." if last[0] else "."))
 
 
 def stopped(task: str) -> bool:

@@ -273,6 +273,15 @@ def _account(cur: _Cursor, result, row: int, share: float) -> None:
         cur.plain_seconds += result.plain_stats.total_s * share
 
 
+def _audio_expected(cur: _Cursor) -> float:
+    """Seconds the cursor's file holds: all of it once read to its end, else what its header or stream
+    declares, or what was read when that is more (no declaration, or a wrong one)."""
+    read = cur.reader.known_length / SAMPLE_RATE
+    if cur.reader.ended:
+        return read
+    return max(read, cur.reader.report.declared_seconds or 0.0)
+
+
 def _audio_done(cur: _Cursor) -> float:
     """Seconds of the file behind its cursor (chunked mode: less the leftovers still to decode)."""
     pending = sum(len(audio) for _, audio in cur.leftovers)
@@ -328,7 +337,8 @@ def transcribe(paths: Iterable[str | Path], pair: Pair, options: TranscribeOptio
         if progress is not None:
             progress(Progress(windows, files_done, finished_audio + sum(_audio_done(c) for c in active if not c.done),
                               finished_audio + sum(c.reader.known_length for c in active if not c.done) / SAMPLE_RATE,
-                              time.perf_counter() - begun))
+                              time.perf_counter() - begun,
+                              finished_audio + sum(_audio_expected(c) for c in active if not c.done)))
         for cur in [c for c in active if c.done]:
             active.remove(cur)
             yield _finish(cur, options.compare and options.use_assistant)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ..audio import SAMPLE_RATE
@@ -164,3 +165,27 @@ class Progress:
     audio_done: float  # seconds of audio decoded so far: finished files, and the active files up to their cursor
     audio_known: float  # seconds of audio read so far (a file counts in full once read to its end)
     elapsed: float  # seconds since the call started
+    audio_expected: float = 0.0  # seconds the files opened so far hold: what each declares (its header or
+    #                              stream), what was read where that is more or the file is read to its end
+
+    @property
+    def audio_total(self) -> float:
+        """Seconds of audio the run is expected to decode (the files opened so far)."""
+        return max(self.audio_expected, self.audio_known, self.audio_done)
+
+    @property
+    def windows_expected(self) -> int:
+        """Windows (or chunks) the run should take in all, estimated from the pace so far: with d seconds
+        decoded in w windows and T expected, w + ceil((T - d) / (d / w)); before any, ceil(T / 30)."""
+        left = max(0.0, self.audio_total - self.audio_done)
+        if self.windows == 0 or self.audio_done <= 0:
+            return max(1, math.ceil(left / WINDOW_SECONDS - 1e-9))
+        return self.windows + math.ceil(left * self.windows / self.audio_done - 1e-9)
+
+    @property
+    def seconds_left(self) -> float | None:
+        """Wall seconds the run should still take at the pace so far: elapsed * (T - d) / d; None before
+        any audio is decoded."""
+        if self.audio_done <= 0:
+            return None
+        return self.elapsed * max(0.0, self.audio_total - self.audio_done) / self.audio_done
