@@ -8,9 +8,13 @@ pair built here (a locally trained tokenizer with a chat template): greedy outpu
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -151,9 +155,18 @@ def long_clip():
     return Path(min(read_manifest("speech-long"), key=lambda i: i["duration"])["audio_path"])
 
 
-def test_streamed_transcription_joins_to_the_plain_text(server, long_clip, clips, alone):
+@pytest.fixture(scope="module")
+def long_alone(asr, long_clip):
+    """The long clip transcribed alone in-process, as tandem transcribe does."""
+    from pipelines.asr import TranscribeOptions, transcribe
+
+    runner, pair = asr
+    return next(transcribe([long_clip], pair, TranscribeOptions(batch_size=1), runner=runner))
+
+
+def test_streamed_transcription_joins_to_the_plain_text(server, long_clip, long_alone, clips, alone):
     client = server.client()
-    plain = _transcribe(client, long_clip).text
+    plain = long_alone.text
     events = list(_transcribe(client, long_clip, stream=True))
     deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
     assert [e.type for e in events[len(deltas):]] == ["transcript.text.done"]  # deltas, then one done event
@@ -167,6 +180,62 @@ def test_streamed_transcription_joins_to_the_plain_text(server, long_clip, clips
     with pytest.raises(openai.BadRequestError) as bad:  # bad audio is still a 400, not a broken stream
         client.audio.transcriptions.create(model=PAIR, file=("clip.wav", b"not audio\n" * 40), stream=True)
     assert bad.value.body["code"] == "invalid_audio"
+
+
+def _metric(url: str, name: str, key: str | None = None) -> float:
+    req = urllib.request.Request(f"{url}/metrics", headers={"Authorization": f"Bearer {key}"} if key else {})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        lines = r.read().decode().splitlines()
+    return next(float(line.split()[1]) for line in lines if line.split(" ")[0] == name)
+
+
+def _refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return True
+    return False
+
+
+def test_sigterm_answers_the_request_in_flight_refuses_new_ones_and_exits_0(long_clip, long_alone):
+    import torch
+
+    from pipelines.serve.server import GRACE_SECONDS
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "--threads", str(torch.get_num_threads()), "serve",
+                             "--port", str(port), "-m", PAIR], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while _refused(port):
+            assert proc.poll() is None and time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.1)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(_transcribe, client, long_clip)  # three 30 s windows: seconds of decoding
+            while _metric(url, "tandem_running_requests") < 1:
+                assert not pending.done(), "the request ended before it could be caught in flight"
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            while not _refused(port):  # the listening socket closes at uvicorn's next tick (0.1 s)
+                assert time.monotonic() - signalled < 5, "still taking connections 5 s after SIGTERM"
+                time.sleep(0.05)
+            with pytest.raises(openai.APIConnectionError):
+                client.models.list()
+            assert not pending.done()  # the refusal came while the request was still being decoded
+            assert pending.result().text == long_alone.text  # answered whole, as decoded alone
+        code = proc.wait(timeout=GRACE_SECONDS + 30)
+        log = proc.stdout.read()
+        assert code == 0, log
+        assert time.monotonic() - signalled < GRACE_SECONDS, log
+        assert "Finished server process" in log
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_models_lists_the_served_pair(server):

@@ -51,17 +51,19 @@ class Served:
 
 def create_app(served: Served, grace_seconds: float = 30.0) -> FastAPI:
     """The app over ``served``; its scheduler is started with the app and closed (queued and running requests
-    finished, up to ``grace_seconds``) when the app shuts down."""
+    finished, up to ``grace_seconds``) when the app shuts down; ``app.state.drained`` then says whether the
+    worker was done in time."""
     options, metrics = served.options, served.metrics
     upload_dir = Path(tempfile.mkdtemp(prefix="tandem-serve-"))
 
     @asynccontextmanager
-    async def lifespan(_app):
+    async def lifespan(app):
         served.scheduler.start()
+        app.state.drained = False
         try:
             yield
         finally:
-            await asyncio.to_thread(served.scheduler.close, grace_seconds)
+            app.state.drained = await asyncio.to_thread(served.scheduler.close, grace_seconds)
             shutil.rmtree(upload_dir, ignore_errors=True)
 
     app = FastAPI(title="Tandem", lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -344,6 +346,9 @@ async def _next_update(updates: Updates, job: Job, request: Request):
             if await request.is_disconnected():
                 job.cancel()
                 raise APIError(499, "the client went away", None, "client_closed")
+    except asyncio.CancelledError:  # the shutdown's grace period ran out: the rows leave too
+        job.cancel()
+        raise
     finally:
         getting.cancel()
 
@@ -353,7 +358,11 @@ async def _wait(job: Job, request: Request):
     its rows leave the batch at the next boundary while decoding)."""
     waiting = asyncio.wrap_future(job.future)
     while True:
-        done, _ = await asyncio.wait({waiting}, timeout=0.5)
+        try:
+            done, _ = await asyncio.wait({waiting}, timeout=0.5)
+        except asyncio.CancelledError:  # the shutdown's grace period ran out: the rows leave too
+            job.cancel()
+            raise
         if done:
             try:
                 return waiting.result()

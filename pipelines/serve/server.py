@@ -1,7 +1,12 @@
 """``tandem serve``: load the pairs once, then run the app under uvicorn until SIGINT or SIGTERM (uvicorn's
-graceful shutdown: no new connections, requests in flight finished within the grace period)."""
+graceful shutdown: no new connections, requests in flight finished within the grace period, exit 0)."""
 
 from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from ..errors import TandemError
 from .options import ServeOptions, ServeOptionsError
@@ -74,5 +79,31 @@ def run_server(options: ServeOptions) -> int:
           f"batches of up to {options.max_batch}, on {options.device}; Ctrl-C stops it)", flush=True)
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level="info",
                             timeout_graceful_shutdown=int(GRACE_SECONDS))
-    uvicorn.Server(config).run()
+    with sigterm_noted():
+        uvicorn.Server(config).run()
+    if not getattr(app.state, "drained", True):  # False: the worker outlived the grace period
+        print(f"tandem serve: the worker was still decoding {GRACE_SECONDS:g} s after the app began to shut down",
+              flush=True)
+        return 1
     return 0
+
+
+@contextmanager
+def sigterm_noted() -> Iterator[None]:
+    """A SIGTERM handler that does nothing, around ``uvicorn.Server.run``.
+
+    uvicorn captures SIGINT and SIGTERM for its graceful shutdown, and afterwards restores the handlers it
+    found and raises each captured signal again (``Server.capture_signals``), so that the program around it
+    decides what the signal means once the server has stopped. With Python's default SIGTERM action that is
+    death by the signal (exit 143) after a clean shutdown; this handler, the one uvicorn restores and
+    re-raises into, takes it as done: the shutdown SIGTERM asked for has happened. SIGINT keeps Python's
+    handler (KeyboardInterrupt: ``tandem: interrupted``, 130). Off the main thread (no signals there):
+    nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
