@@ -6,12 +6,14 @@ import json
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 import soundfile as sf
 from test_audio_damage import mux
 
 from pipelines.asr import TranscribeOptions, transcribe
 from pipelines.asr.outputs import render
+from pipelines.asr.tracks import first_speech_track
 from pipelines.audio import load_audio
 
 
@@ -50,6 +52,43 @@ def test_the_second_audio_track_is_transcribed_when_asked(tmp_path, clips, regis
     assert one.audio_track is None and one.audio_tracks == 1  # a file of one track does not name it
     wrong = _one(clips[1], registry, base_runner, audio_track=1)
     assert not wrong.ok and "has 1 audio track" in wrong.error
+
+
+def _tone(seconds: float) -> np.ndarray:
+    """A steady 440 Hz tone at a third of full scale: loud, but not speech."""
+    return (0.3 * np.sin(2 * np.pi * 440 * np.arange(int(seconds * 16000)) / 16000)).astype(np.float32)
+
+
+def test_with_no_track_asked_the_first_track_with_speech_is_read(tmp_path, clips, registry, base_runner):
+    speech = load_audio(clips[1])
+    quiet = tmp_path / "silence_then_speech.mkv"
+    mux(quiet, "matroska", [(np.zeros_like(speech), 0.0), (speech, 0.0)])
+    assert first_speech_track(quiet) == (1, True)
+    result = _one(quiet, registry, base_runner)
+    assert result.ok and "forward" in result.text.lower()
+    assert (result.audio_track, result.audio_tracks, result.audio_track_chosen) == (1, 2, True)
+    assert result.audio_note == "audio track 1 of 2 (counted from 0; the first with speech)"
+    assert json.loads(render(result, "json"))["audio_track"] == 1
+    asked = _one(quiet, registry, base_runner, audio_track=0)  # asked for: read as asked, silence
+    assert (asked.text, asked.audio_track, asked.audio_track_chosen) == ("", 0, False)
+    both = tmp_path / "two.mkv"
+    mux(both, "matroska", [(load_audio(clips[0]), 0.0), (speech, 0.0)])
+    assert first_speech_track(both) == (0, True)
+    assert first_speech_track(clips[1]) == (0, False)  # one track: nothing to choose, nothing sampled
+    mute = tmp_path / "mute.mkv"
+    mux(mute, "matroska", [(np.zeros(16000, np.float32), 0.0), (np.zeros(16000, np.float32), 0.0)])
+    assert first_speech_track(mute) == (0, False)  # no track with speech: the first, as before
+
+
+def test_a_tone_track_before_the_speech_is_passed_over(tmp_path, clips):
+    pytest.importorskip("faster_whisper", reason="the tone is told from speech by Silero VAD (the vad extra); "
+                        "the energy detector alone hears sound")
+    speech = load_audio(clips[1])
+    long = np.concatenate([np.zeros(16000 * 22, np.float32), speech, np.zeros(16000 * 30, np.float32)])
+    # AAC, 55 s: sampled 8 s from 0, 18.3 and 36.5 s, so the speech at 22 s is found in the middle stretch
+    toned = tmp_path / "tone_then_speech.mp4"
+    mux(toned, "mp4", [(_tone(len(long) / 16000), 0.0), (long, 0.0)], codec="aac")
+    assert first_speech_track(toned) == (1, True)
 
 
 def test_a_wav_whose_header_says_zero_bytes_is_transcribed_and_marked(tmp_path, clips, registry, base_runner):

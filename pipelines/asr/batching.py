@@ -21,6 +21,7 @@ from .prompts import PromptHistory, prompt_tokens, window_prompt
 from .runner import WhisperRunner, check_prompts
 from .safeguards import MIN_AUDIO_SECONDS, decide
 from .segments import clamp_segments, describe_segments, split_at_pauses, tighten_segments, timed_pieces
+from .tracks import first_speech_track
 from .vad import filter_speech, require_vad
 from .windows import WindowReader, decode_fields, in_container_time, is_silent_window, quiet_cut, voiced_frames
 from .words import add_word_timestamps
@@ -33,6 +34,7 @@ class _Cursor:
     path: Path
     reader: WindowReader
     single: bool  # the file fits one window
+    track_chosen: bool = False  # its audio track was chosen as the first with speech (none was asked for)
     seek: int = 0  # sample where the next window starts
     segments: list[Segment] = field(default_factory=list)
     language: str | None = None  # the file's: the fixed one, or (auto) its first decoded window's, as whisper's
@@ -59,9 +61,11 @@ class _Cursor:
 
 
 def _open(path: Path, options: TranscribeOptions) -> _Cursor:
-    reader = WindowReader(path, options.audio_track)
+    """The file's cursor, on the audio track asked for, else its first with speech (``first_speech_track``)."""
+    track, chosen = (options.audio_track, False) if options.audio_track is not None else first_speech_track(path)
+    reader = WindowReader(path, track)
     timestamps = options.timestamps or options.word_timestamps  # words need segments, as in whisper
-    return _Cursor(path, reader, single=reader.is_single_window() and not timestamps)
+    return _Cursor(path, reader, single=reader.is_single_window() and not timestamps, track_chosen=chosen)
 
 
 def _finish(cur: _Cursor, compare: bool) -> Transcript:
@@ -75,7 +79,7 @@ def _finish(cur: _Cursor, compare: bool) -> Transcript:
         tuple(in_container_time(cur.segments, report)),
         cur.language, cur.tokens, cur.main_calls, cur.drafted, cur.accepted, cur.decode_seconds,
         cur.plain_seconds if compare else None, cur.identical if compare else None, cur.retried, cur.skipped, cur.dropped,
-        dict(sorted(cur.hist.items())), cur.cut, "length" if cur.cut else "stop", **decode_fields(report),
+        dict(sorted(cur.hist.items())), cur.cut, "length" if cur.cut else "stop", **decode_fields(report, cur.track_chosen),
         dropped_windows=dropped,
     )
 

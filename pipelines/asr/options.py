@@ -47,7 +47,8 @@ class TranscribeOptions:
     hotwords: str | None = None  # before every window (faster-whisper's: names and terms spelled as given)
     condition_on_previous_text: bool = False  # each window also reads the file's text so far (sequential only)
     prompt_reset_on_temperature: float = 0.5  # a window kept above this temperature starts the history anew
-    audio_track: int = 0  # which audio stream of a file with several (0-based among its audio streams)
+    audio_track: int | None = None  # which audio stream of a file with several (0-based among its audio
+    #                                 streams); None: the first with speech (asr.tracks.first_speech_track)
     # Word-level timestamps (words.py, whisper's method and names): each segment's words, timestamps forced on
     word_timestamps: bool = False
     prepend_punctuations: str = "\"'“¿([{-"  # marks joined to the word after them
@@ -59,7 +60,7 @@ class TranscribeOptions:
             raise ValueError(f"long_form must be one of {', '.join(LONG_FORMS)}, not {self.long_form!r}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, not {self.batch_size}")
-        if self.audio_track < 0:
+        if self.audio_track is not None and self.audio_track < 0:
             raise ValueError(f"audio_track must be 0 or more, not {self.audio_track}")
         if self.condition_on_previous_text and self.long_form == "chunked":
             raise ValueError("condition_on_previous_text needs long_form 'sequential': chunked windows are "
@@ -127,6 +128,7 @@ class Transcript:
     start_offset: float = 0.0  # seconds from the container's start to the audio's (already added to the segments)
     audio_track: int | None = None  # the audio track read, when the file has several (0-based)
     audio_tracks: int = 1  # audio tracks in the file
+    audio_track_chosen: bool = False  # audio_track was chosen as the file's first with speech (none was asked for)
     damaged: bool = False  # part of the file could not be decoded as its header says (decode_warnings say how)
     truncated: bool = False  # the file ends clearly before the duration it declares
     decode_warnings: tuple[str, ...] = ()  # one line each
@@ -141,7 +143,7 @@ class Transcript:
     def audio_note(self) -> str:
         """How the audio was read, in a few words ("" when there is nothing to say): "truncated, 4.9 s
         recovered", "damaged (a damaged block at 4.79 s was skipped ...), 8.5 s recovered", "audio track 1 of
-        2 (counted from 0)", "audio starts at 4.98 s" (the times already count from the container's start)."""
+        2 (counted from 0; the first with speech)", "audio starts at 4.98 s" (the times already count from the container's start)."""
         parts = []
         if self.truncated:
             parts.append(f"truncated, {self.seconds_recovered or 0:.1f} s recovered")
@@ -150,7 +152,8 @@ class Transcript:
             more = f" and {len(self.decode_warnings) - 1} more" if len(self.decode_warnings) > 1 else ""
             parts.append(f"damaged ({first}{more}), {self.seconds_recovered or 0:.1f} s recovered")
         if self.audio_track is not None:
-            parts.append(f"audio track {self.audio_track} of {self.audio_tracks} (counted from 0)")
+            parts.append(f"audio track {self.audio_track} of {self.audio_tracks} (counted from 0"
+                         + ("; the first with speech)" if self.audio_track_chosen else ")"))
         if self.start_offset:
             parts.append(f"audio starts at {self.start_offset:.2f} s")
         return "; ".join(parts)

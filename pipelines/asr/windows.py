@@ -67,11 +67,11 @@ def in_container_time(segments: list[Segment], report: DecodeReport) -> list[Seg
             for s in segments]
 
 
-def decode_fields(report: DecodeReport) -> dict:
-    """A Transcript's fields from the decoding's report: offset, track (named when the file has several),
-    damage."""
+def decode_fields(report: DecodeReport, track_chosen: bool = False) -> dict:
+    """A Transcript's fields from the decoding's report: offset, track (named when the file has several, and
+    whether it was chosen as the first with speech), damage."""
     return {"start_offset": report.start_offset, "audio_track": report.track if report.tracks > 1 else None,
-            "audio_tracks": report.tracks, "damaged": report.damaged, "truncated": report.truncated,
+            "audio_tracks": report.tracks, "audio_track_chosen": track_chosen and report.tracks > 1, "damaged": report.damaged, "truncated": report.truncated,
             "decode_warnings": report.warnings,
             "seconds_recovered": report.seconds_recovered if report.damaged else None}
 

@@ -108,8 +108,9 @@ def add_transcribe(sub) -> None:
                    help="files over 30 s: window after window as Whisper seeks, or cut at pauses into chunks of "
                         "15-26 s decoded several at a time (faster in batches; wording may differ at chunk edges)")
     p.add_argument("--timestamps", action="store_true", help="timestamp tokens even for clips under 30 s (on for srt/vtt/tsv)")
-    p.add_argument("--audio-track", type=whole_number(0), default=0, metavar="N",
-                   help="which audio stream of a file with several (0-based, among the audio streams; default 0)")
+    p.add_argument("--audio-track", type=whole_number(0), default=None, metavar="N",
+                   help="which audio stream of a file with several (0-based, among the audio streams; default: "
+                        "the first with speech in a few seconds sampled from each)")
     p.add_argument("--no-assistant", action="store_true", help="plain decoding with the pair's main model")
     p.add_argument("--compare", action="store_true", help="also decode plainly: speedup and identical-output rate")
     add_lookahead(p)
