@@ -1,12 +1,13 @@
 """The batch job: files in, transcripts written under ``--out``, resumable, every file done or listed as failed.
 
 plan      ``plan_batch`` expands the paths (``inputs.find_inputs``), opens the output folder (its lock, before
-          any model loads) and decides what is left to do (``pending``: a file whose record says done with
-          the same run signature is skipped)
+          any model loads) and decides what is left to do from each file's record (``OutputTree.plan``): done
+          (skipped), formats to write from the stored result (``fills``: no decoding), or decode (``todo``;
+          ``again``: decoded before, and why that result does not serve)
 decode    a source of Transcripts, one per pending file: ``transcribe_in_process`` (this process, the
           default) or ``pipelines.scale.ray_batch.transcribe_on_ray`` (a Ray actor pool)
-record    ``run_batch`` writes each result as it arrives (``outputs.OutputTree.write``: outputs, then the
-          record, atomically), appends the run's failures to ``failures.tsv`` and releases the folder
+record    ``run_batch`` writes the fills, then each result as it arrives (``outputs.OutputTree.write``:
+          outputs, then the record, atomically), appends the run's failures to ``failures.tsv`` and releases the folder
 
 The command's printing (progress bar, one line per file, summary) is ``pipelines.cli.transcribe``'s.
 
@@ -29,7 +30,7 @@ from ..paths import OutputWriteError, advice_for
 from .batching import transcribe
 from .inputs import Skipped, display, find_inputs
 from .options import TranscribeOptions, Transcript
-from .outputs import OutputError, OutputTree, run_signature
+from .outputs import OutputError, OutputTree, Plan, run_signature
 from .subtitles import SubtitleOptions
 
 if TYPE_CHECKING:
@@ -51,6 +52,8 @@ class BatchJob:
     tree: OutputTree | None  # where outputs go, or None (nothing written)
     collisions: tuple[str, ...] = ()  # one line per output name that had to be disambiguated
     not_audio: tuple[Skipped, ...] = ()  # files of the folders given that are not audio (named in the summary)
+    fills: tuple[tuple[Path, tuple[str, ...]], ...] = ()  # done before: formats to write from the stored result
+    again: tuple[tuple[Path, str], ...] = ()  # in todo: done before, and why that result cannot give the formats
 
 
 @dataclass(frozen=True)
@@ -61,15 +64,16 @@ class BatchRun:
     skipped: int  # files done by an earlier run into the same folder
     wall: float  # seconds from the first decode to the last result
     interrupted: bool  # stopped by Ctrl-C (or an on_result that raised KeyboardInterrupt)
+    filled: tuple[tuple[Path, tuple[str, ...]], ...] = ()  # formats written from stored results, no decoding
 
     @property
     def failed(self) -> tuple[Transcript, ...]:
         return tuple(r for r in self.results if not r.ok)
 
 
-def pending(files: Iterable[Path], tree: OutputTree | None) -> tuple[Path, ...]:
-    """The files a run still has to decode: all of them, less those whose record in ``tree`` says done."""
-    return tuple(f for f in files if not (tree and f.exists() and tree.is_done(f)))
+def plans(files: Iterable[Path], tree: OutputTree | None) -> dict[Path, Plan]:
+    """Each file's plan from its record in ``tree`` (``OutputTree.plan``); "decode" for all without one."""
+    return {f: tree.plan(f) if tree and f.exists() else Plan("decode") for f in files}
 
 
 def plan_batch(paths: Iterable[str | os.PathLike], pair: Pair, options: TranscribeOptions, out: str | os.PathLike | None = None,
@@ -90,8 +94,8 @@ def plan_batch(paths: Iterable[str | os.PathLike], pair: Pair, options: Transcri
         raise BatchError("no audio files found in " + ", ".join(display(p) for p in paths)
                          + (f" ({skipped_line(not_audio)})" if not_audio else ""))
     files = tuple(i.path for i in inputs)
-    tree = (OutputTree(out, inputs, formats, run_signature(pair.name, options, subtitles), subtitles, pair.name)
-            if out else None)
+    tree = (OutputTree(out, inputs, formats, run_signature(pair.name, options, subtitles), subtitles, pair.name,
+                       options) if out else None)
     if tree:
         try:
             tree.open()
@@ -103,11 +107,15 @@ def plan_batch(paths: Iterable[str | os.PathLike], pair: Pair, options: Transcri
             tree.close()
             raise exc.advise(f"nothing was transcribed; {advice_for(exc.reason)} and run the same command",
                              tree.out) from None
-        others = [] if force else tree.made_otherwise(files)
-        if others:
-            tree.close()
-            raise BatchError(overwrite_line(others, out, pair.name))
-    return BatchJob(pair, options, files, pending(files, tree), tree, tuple(collisions), tuple(not_audio))
+    planned = plans(files, tree)
+    others = [(f, p.pair) for f, p in planned.items() if p.action == "other" and not force]
+    if others:
+        tree.close()
+        raise BatchError(overwrite_line(others, out, pair.name))
+    todo = tuple(f for f, p in planned.items() if p.action not in ("done", "fill"))
+    fills = tuple((f, p.missing) for f, p in planned.items() if p.action == "fill")
+    again = tuple((f, p.why) for f, p in planned.items() if p.action == "again")
+    return BatchJob(pair, options, files, todo, tree, tuple(collisions), tuple(not_audio), fills, again)
 
 
 def overwrite_line(others: list[tuple[Path, str | None]], out, pair_name: str) -> str:
@@ -132,22 +140,28 @@ def skipped_line(not_audio, where: str | None = None) -> str:
 
 
 def transcribe_in_process(job: BatchJob) -> Iterator[Transcript]:
-    """Decode the job's pending files in this process (the pair loaded once), one Transcript per file."""
-    return transcribe(job.todo, job.pair, job.options)
+    """Decode the job's pending files in this process (the pair loaded once, and not at all when nothing is
+    left to decode), one Transcript per file."""
+    return transcribe(job.todo, job.pair, job.options) if job.todo else iter(())
 
 
 def run_batch(job: BatchJob, source: Iterable[Transcript] | None = None,
               on_result: Callable[[Transcript], None] | None = None) -> BatchRun:
-    """Write each Transcript of ``source`` (default: ``transcribe_in_process(job)``) as it arrives, then
+    """Write the formats ``job.fills`` takes from the records (no decoding), then each Transcript of ``source``
+    (default: ``transcribe_in_process(job)``) as it arrives, then
     append the failures to ``failures.tsv`` and release the output folder. Ctrl-C stops the run cleanly:
     what was written is kept and a second run resumes after it. An output that cannot be written (a full disk,
     a quota, a read-only or vanished folder) stops the run the same way and raises OutputWriteError: "no space
     left on OUT: 9 of 12 files finished and kept; free space and run the same command to resume"."""
     source = transcribe_in_process(job) if source is None else source
     results: list[Transcript] = []
+    filled: list[tuple[Path, tuple[str, ...]]] = []
     start = time.perf_counter()
     interrupted, lost, kept = False, None, len(job.files) - len(job.todo)
     try:
+        for path, formats in job.fills:  # no decoding: the records keep the results
+            job.tree.fill(path, formats)
+            filled.append((path, formats))
         for result in source:
             results.append(result)
             if job.tree:
@@ -175,7 +189,8 @@ def run_batch(job: BatchJob, source: Iterable[Transcript] | None = None,
     if lost is not None:
         raise lost.advise(f"{kept} of {len(job.files)} files finished and kept; {advice_for(lost.reason)} and run "
                           "the same command to resume", job.tree.out) from None
-    return BatchRun(tuple(results), len(job.files) - len(job.todo), time.perf_counter() - start, interrupted)
+    return BatchRun(tuple(results), len(job.files) - len(job.todo) - len(job.fills), time.perf_counter() - start,
+                    interrupted, tuple(filled))
 
 
 def transcribe_files(paths: Iterable[str | os.PathLike], pair: Pair, options: TranscribeOptions = TranscribeOptions(),

@@ -2,9 +2,12 @@
 
 For an input named ``a/b`` (``inputs.find_inputs``: relative to the folder given) and output folder
 ``OUT``: ``OUT/a/b.txt`` etc., then ``OUT/a/b.tandem.json`` (the record: the input's absolute path, size
-and mtime, the run's signature, status, outputs). Outputs are written to a temporary name and renamed into
-place with the user's umask; the record is written last. A re-run skips a file whose record names the same
-input, says done with the same signature and source, and whose outputs all exist; anything else is redone.
+and mtime, the run's pair and signature, status, outputs, and the result itself: ``records.result_data``).
+Outputs are written to a temporary name and renamed into place with the user's umask; the record is written
+last. A re-run plans each input from its record (``OutputTree.plan``): done (same signature, same unchanged
+input, outputs all there), formats written from the stored result without decoding (``fill``: another
+``--output-format``), decoded again with a reason (the stored result lacks the timestamps srt/vtt/tsv need,
+or the record predates stored results), refused (``other``: another pair or decoding options), or decoded.
 One run writes to a folder at a time (``OUT/.tandem.lock``, held while it runs); failures are appended to
 ``OUT/failures.tsv``, earlier runs' lines kept; the files of the folders given that are not audio are listed
 in ``OUT/skipped.tsv`` (this run's list).
@@ -16,13 +19,14 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import asdict
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import TandemError
 from ..paths import FILE_MODE, write_atomic
 from .inputs import Input, display
-from .options import Segment, Transcript
+from .options import Segment, TranscribeOptions, Transcript
+from .records import is_timed, result_data, transcript_from_data
 from .subtitles import SubtitleOptions, cues
 
 FORMATS = ("txt", "json", "srt", "vtt", "tsv")
@@ -60,23 +64,7 @@ def format_tsv(segments: tuple[Segment, ...]) -> str:
 
 
 def format_json(t: Transcript) -> str:
-    data = asdict(t)
-    data["path"] = display(t.path)  # valid UTF-8 whatever bytes the name has
-    data["segments"] = [_segment_json(s) for s in t.segments]
-    if not t.dropped_windows:  # named only when there are some: other files' json stays as it was
-        del data["dropped_windows"]
-    return json.dumps(data, ensure_ascii=False, indent=1)
-
-
-def _segment_json(s: Segment) -> dict:
-    """A segment as JSON, with ``words`` (whisper's: start, end, word, probability) only when it has some, and
-    ``language``, ``language_probability`` only when detected (``language=None``, auto)."""
-    data = asdict(s)
-    if not s.words:
-        del data["words"]
-    if s.language is None:
-        del data["language"], data["language_probability"]
-    return data
+    return json.dumps(result_data(t), ensure_ascii=False, indent=1)
 
 
 def render(t: Transcript, fmt: str, subtitles: SubtitleOptions = SubtitleOptions()) -> str:
@@ -114,15 +102,45 @@ def run_signature(pair_name: str, options, subtitles: SubtitleOptions = Subtitle
     return hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:16]
 
 
+TIMED = ("srt", "vtt", "tsv")  # the formats that need Whisper's timestamps (the command turns them on)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run does with one input, from its record (``OutputTree.plan``)."""
+
+    action: str  # "decode" (no finished record), "done", "fill" (write ``missing`` from the stored result),
+    #              "again" (decode again, ``why``: the stored result cannot give the formats), "other" (the
+    #              record was made with another pair or other options: refused unless forced)
+    missing: tuple[str, ...] = ()  # the formats asked for that are not there
+    pair: str | None = None  # "other": the pair its record names (None for records before they named one)
+    why: str = ""  # "again": why, in a few words
+
+
+def _stored(meta: dict) -> Transcript | None:
+    """The result a record keeps, or None (a record from before results were kept, or not a result)."""
+    try:
+        return transcript_from_data(meta["result"])
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
 class OutputTree:
     """Where each input's outputs go: ``OUT/<its name>.<format>`` (names from ``inputs.find_inputs``)."""
 
     LOCK = ".tandem.lock"
 
     def __init__(self, out_dir: str | Path, inputs: list[Input], formats: tuple[str, ...], signature: str,
-                 subtitles: SubtitleOptions = SubtitleOptions(), pair: str | None = None) -> None:
+                 subtitles: SubtitleOptions = SubtitleOptions(), pair: str | None = None,
+                 options: TranscribeOptions | None = None) -> None:
+        """``options`` (with ``pair``): the run's, so that records keep each result for formats asked for
+        later (without them, records hold no result)."""
         self.out = Path(out_dir)
         self.formats, self.signature, self.subtitles, self.pair = formats, signature, subtitles, pair
+        self.options = options
+        # the signature less --timestamps: a result kept by a run that differed only there serves this run when
+        # it has the timestamps this run needs (``plan``)
+        self.alike = run_signature(pair, replace(options, timestamps=False), subtitles) if options and pair else None
         self.names = {i.path: i.name for i in inputs}
         self._lock_fd: int | None = None
 
@@ -169,50 +187,77 @@ class OutputTree:
         st = source.stat()
         return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
-    def is_done(self, source: Path) -> bool:
-        record = self.record_path(source)
+    def _record(self, source: Path) -> dict | None:
+        """The record of ``source`` when it names this very input, unchanged since (None otherwise)."""
         try:
-            meta = json.loads(record.read_text())
-            same_source = meta["path"] == os.path.abspath(source) and meta["source"] == self._source_id(source)
-        except (OSError, ValueError, KeyError):
-            return False
-        # outputs sit beside their record: found by name wherever the run starts from (records before 2026-12-05
-        # held paths relative to that run's working folder)
-        outputs = [record.parent / Path(p).name for p in meta.get("outputs", [])]
-        return (meta.get("status") == "done" and meta.get("signature") == self.signature and same_source
-                and all(p.is_file() for p in outputs) and {p.suffix[1:] for p in outputs} >= set(self.formats))
+            meta = json.loads(self.record_path(source).read_text())
+            same = meta["path"] == os.path.abspath(source) and meta["source"] == self._source_id(source)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return meta if same and isinstance(meta, dict) else None
 
-    def made_otherwise(self, sources) -> list[tuple[Path, str | None]]:
-        """The inputs this run would overwrite: a record says done, for the same unchanged source, under another
-        signature (another pair, dtype or decoding options). Each as (source, the pair its record names, or
-        None for a record written before records named their pair)."""
-        found = []
-        for source in sources:
-            try:
-                meta = json.loads(self.record_path(source).read_text())
-                same_source = meta["path"] == os.path.abspath(source) and meta["source"] == self._source_id(source)
-            except (OSError, ValueError, KeyError):
-                continue
-            if same_source and meta.get("status") == "done" and meta.get("signature") != self.signature:
-                found.append((source, meta.get("pair")))
-        return found
+    def _have(self, source: Path, meta: dict) -> dict[str, str]:
+        """The outputs the record names that are still there, by format (outputs sit beside their record:
+        found by name wherever the run starts from; records before 2026-12-05 held relative paths)."""
+        folder = self.record_path(source).parent
+        names = [Path(p).name for p in meta.get("outputs", [])]
+        return {Path(n).suffix[1:]: n for n in names if (folder / n).is_file()}
+
+    def plan(self, source: Path) -> Plan:
+        """What this run does with ``source``, from its record (``Plan``): decode it, nothing (done), write the
+        missing formats from the stored result, decode it again (saying why), or refuse (made otherwise)."""
+        meta = self._record(source)
+        if meta is None or meta.get("status") != "done":
+            return Plan("decode")
+        missing = tuple(f for f in self.formats if f not in self._have(source, meta))
+        same = meta.get("signature") == self.signature
+        if not same and not (self.alike and meta.get("alike") == self.alike):
+            return Plan("other", pair=meta.get("pair"))  # another pair, dtype or decoding options
+        if same and not missing:
+            return Plan("done")
+        if _stored(meta) is None:
+            return Plan("again", missing, why=f"its record keeps no result to write {', '.join(missing)} from "
+                                              "(written by an earlier version)")
+        if self.options and self.options.timestamps and not meta.get("timed"):
+            needs = ", ".join(f for f in self.formats if f in TIMED) or "--timestamps"
+            return Plan("again", missing, why=f"{needs} need{'' if ',' in needs else 's'} timestamps, and the "
+                                              "result its record keeps was decoded without them")
+        return Plan("fill", missing) if missing else Plan("done")
+
+    def fill(self, source: Path, formats: tuple[str, ...]) -> list[Path]:
+        """Write ``formats`` of ``source`` from the result its record keeps (no decoding), then the record
+        naming them too. OutputError when the record no longer holds a result (changed since planned)."""
+        meta = self._record(source)
+        stored = _stored(meta) if meta else None
+        if stored is None:
+            raise OutputError(f"the record of {display(source)} changed during the run; run the same command again")
+        written = [self._write_format(source, stored, fmt) for fmt in formats]
+        names = list(dict.fromkeys([*meta.get("outputs", []), *(p.name for p in written)]))
+        write_atomic(self.record_path(source), json.dumps({**meta, "outputs": names}, indent=1))
+        return written
+
+    def _write_format(self, source: Path, t: Transcript, fmt: str) -> Path:
+        base = self.base(source)
+        path = base.with_name(f"{base.name}.{fmt}")
+        write_atomic(path, render(t, fmt, self.subtitles))
+        return path
 
     def write(self, t: Transcript) -> list[Path]:
-        """Outputs first, record last: an interrupted write leaves no record, so the file is redone."""
+        """Outputs first, record last: an interrupted write leaves no record, so the file is redone. The formats
+        its earlier record named are written again too (every output beside a record comes from the result it
+        keeps), and the record keeps the result, for formats asked for later (``fill``)."""
         source = Path(t.path)
-        written = []
-        if t.ok:
-            for fmt in self.formats:
-                base = self.base(source)
-                path = base.with_name(f"{base.name}.{fmt}")
-                write_atomic(path, render(t, fmt, self.subtitles))
-                written.append(path)
+        earlier = self._record(source)
+        formats = tuple(dict.fromkeys([*self.formats, *(self._have(source, earlier) if earlier else ())]))
+        written = [self._write_format(source, t, fmt) for fmt in formats] if t.ok else []
         try:
             source_id = self._source_id(source)
         except OSError:
             source_id = None
         meta = {"source": source_id, "path": os.path.abspath(source), "signature": self.signature, "pair": self.pair,
                 "status": "done" if t.ok else "failed", "error": t.error, "outputs": [p.name for p in written]}
+        if t.ok and self.options is not None:
+            meta.update(alike=self.alike, timed=is_timed(t, self.options), result=result_data(t))
         write_atomic(self.record_path(source), json.dumps(meta, indent=1))
         return written
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from ..asr.batch import BatchError, BatchJob, BatchRun, plan_batch, run_batch, skipped_line, source_for
 from ..asr.inputs import display
 from ..asr.options import TranscribeOptions, Transcript
-from ..asr.outputs import FORMATS
+from ..asr.outputs import FORMATS, TIMED
 from ..asr.runner import preflight_language, preflight_prompts
 from ..asr.subtitles import SubtitleOptions
 from ..asr.vad import require_vad
@@ -44,7 +44,7 @@ def transcribe_options(args: argparse.Namespace, formats: tuple[str, ...]) -> Tr
             language=None if args.language == "auto" else args.language, task=args.task, dtype=args.dtype,
             device=args.device, use_assistant=not args.no_assistant, compare=args.compare,
             batch_size=args.batch_size, long_form=args.long_form, policy=parse_policy(args.lookahead),
-            timestamps=args.timestamps or bool(args.out) and any(f in ("srt", "vtt", "tsv") for f in formats),
+            timestamps=args.timestamps or bool(args.out) and any(f in TIMED for f in formats),
             temperature=args.temperature, compression_ratio_threshold=args.compression_ratio_threshold,
             logprob_threshold=args.logprob_threshold, no_speech_threshold=args.no_speech_threshold,
             vad_filter=args.vad_filter, initial_prompt=args.initial_prompt, hotwords=args.hotwords,
@@ -169,9 +169,12 @@ def summary_lines(run: BatchRun, job: BatchJob, refs: dict[str, str], out: str |
     audio = sum(r.duration for r in good)
     lines = ["\nsummary" + (" (interrupted: finished files are kept; run again to resume)" if run.interrupted else ""),
              f"  files:           {len(run.results)} ({len(run.failed)} failed)"
-             + (f", {run.skipped} skipped (done before)" if run.skipped else ""),
-             f"  audio:           {audio:.1f} s",
-             f"  wall time:       {run.wall:.1f} s (decoding {sum(r.seconds for r in good):.1f} s)"]
+             + (f", {run.skipped} skipped (done before)" if run.skipped else "")]
+    if run.filled:
+        lines.append(f"  from records:    {filled_line(run.filled)}")
+    lines += [f"  decoded again:   {line}" for line in again_lines(job.again)]
+    lines += [f"  audio:           {audio:.1f} s",
+              f"  wall time:       {run.wall:.1f} s (decoding {sum(r.seconds for r in good):.1f} s)"]
     if audio:
         lines.append(f"  real-time factor: {run.wall / audio:.3f} (wall / audio; below 1 is faster than real time)")
     drafted, accepted = sum(r.drafted for r in good), sum(r.accepted for r in good)
@@ -208,6 +211,22 @@ def summary_lines(run: BatchRun, job: BatchJob, refs: dict[str, str], out: str |
     return lines
 
 
+def filled_line(filled, verb: str = "wrote") -> str:
+    """"3 files: wrote srt from stored results (no decoding)": the formats written from the records."""
+    formats = ", ".join(dict.fromkeys(f for _, fmts in filled for f in fmts))
+    return f"{len(filled)} file{'s' if len(filled) > 1 else ''}: {verb} {formats} from stored results (no decoding)"
+
+
+def again_lines(again: tuple[tuple[Path, str], ...]) -> list[str]:
+    """Why files done before are decoded again, one line per reason: "2 files (e.g. a.wav): srt needs
+    timestamps, ..."."""
+    why: dict[str, list[Path]] = {}
+    for path, reason in again:
+        why.setdefault(reason, []).append(path)
+    return [f"{len(paths)} file{'s' if len(paths) > 1 else ''} (e.g. {display(paths[0].name)}): {reason}"
+            for reason, paths in why.items()]
+
+
 def dropped_line(good: list[Transcript]) -> str:
     """The windows the safeguards dropped, named: "talk.wav 30.00-60.00 s (repetitive: compression ratio
     3.10 > 2.4 at temperature 1.0)", the first five, then how many more (every one is in its file's json)."""
@@ -242,8 +261,13 @@ def _report(job: BatchJob, ray: RayOptions | None, quiet: bool, refs: dict[str, 
     for line in job.collisions:
         print(line)
     print(describe_mode(job.pair, job.options, ray))
-    if job.tree and len(job.todo) < len(job.files):
-        print(f"resuming: {len(job.files) - len(job.todo)} of {len(job.files)} files already done in {out}")
+    done = len(job.files) - len(job.todo) - len(job.fills)
+    if job.tree and done:
+        print(f"resuming: {done} of {len(job.files)} files already done in {out}")
+    if job.fills:
+        print(filled_line(job.fills, "writing"))
+    for line in again_lines(job.again):
+        print(f"decoding again: {line}")
     bar = tqdm(total=len(job.todo), unit="file", disable=quiet or not job.todo, file=sys.stderr)
     try:
         run = run_batch(job, source_for(job, ray), _progress(bar, time.perf_counter()))
