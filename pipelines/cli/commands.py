@@ -204,7 +204,7 @@ def cmd_bench_asr(args: argparse.Namespace) -> int:
 
     sets = tuple(x.strip() for x in args.sets.split(",") if x.strip())
     bench_asr(args.pair, sets, args.limit, args.batch_size, args.json, chunk_batch=args.chunk_batch, device=args.device,
-              also=tuple(args.also))
+              also=tuple(args.also), peers=args.peers)
     return 0
 
 
@@ -243,7 +243,8 @@ def cmd_bench_text(args: argparse.Namespace) -> int:
     from ..quality.evaluation import task_of_set
 
     task = getattr(args, "task", None) or task_of_set(args.set)  # --task: the older spelling
-    bench_text(task, args.pair, args.limit, args.max_new_tokens, args.json, device=args.device, dtype=args.dtype)
+    bench_text(task, args.pair, args.limit, args.max_new_tokens, args.json, device=args.device, dtype=args.dtype,
+               peers=args.peers)
     return 0
 
 

@@ -1,6 +1,7 @@
 """``tandem bench asr``: every ASR system on the same files in one run, one after the other: faster-whisper
 (int8 and float32, sequential, and its batched pipeline on long files), transformers ``generate`` plain and
-assisted, Tandem plain and assisted in float32 and bfloat16, and on long files Tandem's chunked long-form.
+assisted, Tandem plain and assisted in float32 and bfloat16, and on long files Tandem's chunked long-form;
+with ``peers`` also CPU peers on the same weights (``quality.peers``: whisper.cpp f16 and q8_0).
 Wall time, real-time factor, speedup against transformers plain float32, WER, identical-output rate against
 Tandem plain, tokens per main call."""
 
@@ -24,7 +25,8 @@ class AsrRow:
     rtf: float  # wall / audio
     speedup: float  # vs transformers plain float32 on the same files
     wer: float
-    identical: float | None  # share of files whose transcript equals the same main model's plain greedy (Tandem)
+    identical: float | None  # share of files whose transcript equals the same main model's plain greedy (Tandem;
+    # a peer's: Tandem plain's in the first dtype, sequential)
     tokens_per_call: float | None = None  # Tandem: tokens per main-model pass per sequence (accepted drafts + 1)
 
 
@@ -84,16 +86,19 @@ def _hf_transcribe(paths: list[str], runner, assistant) -> list[str]:
 def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synth", "speech-long"), limit: int = 60,
               batch_size: int = 8, json_path: str | None = None, log=print, chunk_batch: int = 8,
               device: str = "cpu", also: tuple[str, ...] = (),
-              dtypes: tuple[str, ...] = ("float32", "bfloat16")) -> dict:
+              dtypes: tuple[str, ...] = ("float32", "bfloat16"), peers: tuple[str, ...] = ()) -> dict:
     """Every system on every set, one after the other in this process. On a set with files over 30 s, also
     the chunked long-form systems: faster-whisper's batched pipeline and Tandem's ``long_form="chunked"``,
     ``chunk_batch`` chunks at a time (their identical-output rate is against Tandem plain chunked). ``also``:
     pairs with the same main model and another assistant, whose Tandem assisted rows ("... [pair]") follow the
     pair's (RegistryError when a main model differs). ``dtypes``: the compute dtypes of the transformers and
-    Tandem rows (speed-ups are against transformers plain in the first)."""
+    Tandem rows (speed-ups are against transformers plain in the first). ``peers``: ``peers.ASR_PEERS`` names
+    whose rows follow faster-whisper's (model preparation and load not timed; one line instead where a peer
+    cannot run here)."""
     from ..asr import TranscribeOptions, WhisperRunner, transcribe
     from ..models.registry import RegistryError, load_registry
     from .metrics import wer
+    from .peers import asr_peer_systems
     from .sets import build_set, read_manifest
 
     registry = load_registry()
@@ -152,6 +157,9 @@ def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synt
             log("faster-whisper is not installed (pip install 'tandem-pipelines[bench]'): its rows are left out")
         except (RuntimeError, ValueError, OSError) as err:  # e.g. CTranslate2 without its CUDA libraries
             log(f"faster-whisper cannot run on {device} here ({type(err).__name__}: {err}): its rows are left out")
+        peer_systems = asr_peer_systems(peers, pair.main, threads, paths[0], log)
+        for name, run in peer_systems.items():
+            timed(name, run)
         modes = [("sequential", batch_size, "")] + ([("chunked", chunk_batch, f" chunked {chunk_batch}")] if long_files else [])
         for long_form, batch, suffix in modes:
             for dtype in dtypes:
@@ -169,8 +177,9 @@ def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synt
         base_wall = results[f"transformers plain {dtypes[0]}"][1]
         for name, (texts, wall) in results.items():
             ident = None
-            if name.startswith("tandem"):
-                plain = results[name.split(" [")[0].replace("assisted", "plain")][0]
+            if name.startswith("tandem") or name in peer_systems:
+                own = name.split(" [")[0].replace("assisted", "plain")
+                plain = results[own if name.startswith("tandem") else f"tandem plain {dtypes[0]}"][0]
                 ident = sum(a == b for a, b in zip(texts, plain)) / len(texts)
             row = AsrRow(set_name, name, len(paths), audio_s, wall, wall / audio_s, base_wall / wall,
                          wer(texts, refs).value, ident, per_call.get(name))

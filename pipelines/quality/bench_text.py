@@ -5,8 +5,10 @@ assistant, Tandem plain, and Tandem assisted with each drafter (the assistant mo
 Every system decodes the prompts ``TextRunner.chat_prompts`` makes for the task (summarize-own documents;
 translate-udhr paragraphs of at most ``MAX_WORDS`` words from English into German, French and Spanish, one
 prompt per sentence), after one warm-up prompt. Reported per system: wall-clock seconds for all prompts,
-new tokens, tokens per main-model call, speedup against Tandem plain, and the share of prompts whose
-tokens equal Tandem plain's and transformers' plain output.
+new tokens, tokens per second, tokens per main-model call, speedup against Tandem plain, the share of prompts
+whose tokens equal Tandem plain's and transformers' plain output, and ROUGE-L of its text against Tandem
+plain's. ``peers`` adds CPU peers' rows on the same prompts (``quality.peers_text``: llama.cpp on the GGUF
+files, plain, with the 0.5B draft and with prompt lookup).
 """
 
 from __future__ import annotations
@@ -32,10 +34,12 @@ class TextBenchRow:
     system: str
     seconds: float  # wall-clock for every prompt, one after another
     tokens: int  # new tokens, the closing eos left out
+    tokens_per_s: float  # tokens / seconds
     tokens_per_call: float | None  # new tokens per main-model forward call (Tandem only)
     speedup: float  # Tandem plain's seconds / this system's seconds
     identical_to_plain: float  # share of prompts with Tandem plain's tokens
     identical_to_generate: float  # share of prompts with transformers' plain greedy tokens
+    rouge_l_to_plain: float  # ROUGE-L F of the decoded text against Tandem plain's, averaged over prompts (0-1)
 
 
 def bench_prompts(runner, task: str, limit: int) -> list[list[int]]:
@@ -84,14 +88,17 @@ def _run_engine(engine, gen, prompts: list[list[int]], max_new: int) -> tuple[li
 
 def bench_text(task: str, pair_name: str | None = None, limit: int = 4, max_new_tokens: int = 256,
                json_path: str | None = None, models: str | None = None, log=print,
-               device: str = "cpu", dtype: str | None = None) -> list[TextBenchRow]:
+               device: str = "cpu", dtype: str | None = None, peers: tuple[str, ...] = ()) -> list[TextBenchRow]:
     """Run the systems on ``limit`` items of the task's set, the pair loaded on ``device`` in ``dtype`` (default:
     its dtype on a CPU, half precision on CUDA: ``devices.resolve_dtype``; int8/int4: quantized weights), and
-    print (and write) the table.
+    print (and write) the table. ``peers``: ``peers.TEXT_PEERS`` names whose rows follow Tandem's (model
+    load not timed; one line instead where a peer cannot run here).
     Raises ``RegistryError`` / ``ModelUnavailableError`` when the pair cannot be had."""
     from ..models.registry import load_registry
     from ..text import TextRunner
     from .bench import environment, write_report
+    from .metrics import rouge
+    from .peers_text import text_peer_systems
 
     registry = load_registry(models)
     pair = registry.get(pair_name) if pair_name else registry.default(task)
@@ -113,6 +120,8 @@ def bench_text(task: str, pair_name: str | None = None, limit: int = 4, max_new_
     for draft in drafts:
         engine = engine_for(loaded, draft)
         systems[f"tandem {draft}"] = lambda ps, e=engine: _run_engine(e, gen, ps, max_new_tokens)
+    context = max(map(len, prompts)) + max_new_tokens + 32  # + a draft round past the last token
+    systems.update(text_peer_systems(peers, pair, context, max_new_tokens, eos, torch.get_num_threads(), log))
     results = {}
     for name, run in systems.items():
         run([warm])  # warm-up: lazy imports, first-call allocations, the adaptive policy's cost estimates
@@ -121,15 +130,21 @@ def bench_text(task: str, pair_name: str | None = None, limit: int = 4, max_new_
         log(f"  {name}: {seconds:.1f} s")
     plain_outs, plain_s, _ = results["tandem plain"]
     ref_outs = results["transformers generate"][0]
-    rows = [TextBenchRow(task, name, round(s, 2), sum(map(len, o)), None if pc is None else round(pc, 2),
-                         round(plain_s / s, 2), sum(a == b for a, b in zip(o, plain_outs)) / len(o),
-                         sum(a == b for a, b in zip(o, ref_outs)) / len(o))
-            for name, (o, s, pc) in results.items()]
-    log(f"{'system':<30}{'seconds':>9}{'tokens':>8}{'tok/call':>9}{'speedup':>9}{'same as plain':>15}{'same as generate':>18}")
+    plain_texts = [runner.tokenizer.decode(o, skip_special_tokens=True) for o in plain_outs]
+    rows = []
+    for name, (o, s, pc) in results.items():
+        texts = [runner.tokenizer.decode(t, skip_special_tokens=True) for t in o]
+        rows.append(TextBenchRow(task, name, round(s, 2), sum(map(len, o)), round(sum(map(len, o)) / s, 1),
+                                 None if pc is None else round(pc, 2), round(plain_s / s, 2),
+                                 sum(a == b for a, b in zip(o, plain_outs)) / len(o),
+                                 sum(a == b for a, b in zip(o, ref_outs)) / len(o),
+                                 round(rouge(texts, plain_texts)["rougeL"].value, 4)))
+    log(f"{'system':<30}{'seconds':>9}{'tokens':>8}{'tok/s':>7}{'tok/call':>9}{'speedup':>9}{'same as plain':>15}"
+        f"{'same as generate':>18}{'ROUGE-L to plain':>18}")
     for r in rows:
         per_call = f"{r.tokens_per_call:.2f}" if r.tokens_per_call is not None else "-"
-        log(f"{r.system:<30}{r.seconds:>9.1f}{r.tokens:>8}{per_call:>9}{r.speedup:>8.2f}x"
-            f"{r.identical_to_plain:>15.0%}{r.identical_to_generate:>18.0%}")
+        log(f"{r.system:<30}{r.seconds:>9.1f}{r.tokens:>8}{r.tokens_per_s:>7.1f}{per_call:>9}{r.speedup:>8.2f}x"
+            f"{r.identical_to_plain:>15.0%}{r.identical_to_generate:>18.0%}{100 * r.rouge_l_to_plain:>18.1f}")
     write_report({"environment": environment(device), "pair": pair.name, "task": task, "prompts": len(prompts),
                   "rows": [asdict(r) for r in rows]}, json_path, log)
     return rows

