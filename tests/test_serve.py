@@ -24,6 +24,11 @@ for _module in ("fastapi", "uvicorn", "multipart", "prometheus_client", "openai"
     pytest.importorskip(_module, reason="needs the serve extra and openai: pip install -e '.[serve,test]'")
 
 import openai  # noqa: E402
+
+try:  # the HTTP client the openai client is built on, to hang up mid-request
+    import httpx2 as httpx
+except ImportError:
+    import httpx
 import uvicorn  # noqa: E402
 
 KEY = "test-key"
@@ -186,7 +191,7 @@ def _metric(url: str, name: str, key: str | None = None) -> float:
     req = urllib.request.Request(f"{url}/metrics", headers={"Authorization": f"Bearer {key}"} if key else {})
     with urllib.request.urlopen(req, timeout=30) as r:
         lines = r.read().decode().splitlines()
-    return next(float(line.split()[1]) for line in lines if line.split(" ")[0] == name)
+    return next((float(line.split()[1]) for line in lines if line.split(" ")[0] == name), 0.0)  # 0: not yet counted
 
 
 def _refused(port: int) -> bool:
@@ -236,6 +241,34 @@ def test_sigterm_answers_the_request_in_flight_refuses_new_ones_and_exits_0(long
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _settled(url: str, key: str | None = None, timeout: float = 60) -> None:
+    """Wait until /metrics shows no queued and no running request (AssertionError after ``timeout`` s)."""
+    deadline = time.monotonic() + timeout
+    while _metric(url, "tandem_queue_length", key) or _metric(url, "tandem_running_requests", key):
+        assert time.monotonic() < deadline, "rows still queued or running after the client went away"
+        time.sleep(0.1)
+
+
+def test_a_client_gone_mid_transcription_leaves_no_rows_and_the_next_is_served(server, long_clip, clips, alone):
+    answered = 'tandem_requests_total{endpoint="transcriptions",status="200"}'
+    before = _metric(server.url, answered, KEY)
+    request = httpx.Request("POST", f"{server.url}/v1/audio/transcriptions", headers={"Authorization": f"Bearer {KEY}"},
+                            data={"model": PAIR, "language": "en"}, files={"file": long_clip.read_bytes()})
+    head = "".join(f"{k}: {v}\r\n" for k, v in request.headers.items())
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:  # a client that will hang up
+        sock.sendall(f"POST /v1/audio/transcriptions HTTP/1.1\r\n{head}\r\n".encode() + request.read())
+        deadline = time.monotonic() + 60
+        while _metric(server.url, "tandem_running_requests", KEY) < 1:
+            assert time.monotonic() < deadline, "the request was never seen decoding"
+            time.sleep(0.05)
+        sock.settimeout(0)
+        with pytest.raises(BlockingIOError):
+            sock.recv(1)  # nothing answered yet: it goes away mid-request (three 30 s windows of decoding left)
+    _settled(server.url, KEY)
+    assert _metric(server.url, answered, KEY) == before  # it was cut, not answered to nobody
+    assert _transcribe(server.client(), clips[1]).text == alone[False][1].text
 
 
 def test_models_lists_the_served_pair(server):
@@ -321,7 +354,9 @@ def chat_server(tmp_path_factory):
 
     models = _chat_models(tmp_path_factory.mktemp("chat-models"))
     engine = ChatEngine(TextRunner(load_registry(models).get("tiny-chat")))
-    s = _Server(create_app(load_served(ServeOptions(models=str(models)), chat=engine)))
+    served = load_served(ServeOptions(models=str(models)), chat=engine)
+    s = _Server(create_app(served))
+    s.served = served
     yield s, engine
     s.stop()
 
@@ -370,3 +405,34 @@ def test_chat_rounds_report_tokens_and_a_stopped_row_leaves_the_others_as_they_w
     assert both[0].text == alone[0].text  # the other row is untouched by the stop
     assert engine.runner.tok.decode(seen[0], skip_special_tokens=True).strip() == both[0].text  # rounds add up
     assert 0 < both[1].completion_tokens == len(seen[1]) < alone[1].completion_tokens
+
+
+def test_a_client_gone_mid_chat_stream_leaves_no_rows_and_the_next_is_served(chat_server):
+    server, engine = chat_server
+    scheduler = server.served.scheduler
+    complete, kept = scheduler.chat, []
+
+    def slow(prompts, settings, on_tokens):  # a round every 50 ms: the client can leave mid-completion
+        def paced(row, tokens):
+            time.sleep(0.05)
+            kept.append(on_tokens(row, tokens))
+            return kept[-1]
+        return complete(prompts, settings, paced)
+
+    messages = [{"role": "user", "content": "Summarize the project."}]
+    expected = server.client().chat.completions.create(model="tiny-chat", messages=messages, max_tokens=40,
+                                                       temperature=0).choices[0].message.content
+    scheduler.chat = slow
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            with http.stream("POST", "/v1/chat/completions", json={
+                    "model": "tiny-chat", "messages": messages, "max_tokens": 200, "temperature": 0,
+                    "stream": True}) as response:
+                lines = response.iter_lines()
+                assert next(lines).startswith("data: ")  # the role chunk: decoding has begun
+        _settled(server.url)
+        assert kept and kept[-1] is False  # the row left the batch at a round boundary, before its 200 tokens
+    finally:
+        scheduler.chat = complete
+    got = server.client().chat.completions.create(model="tiny-chat", messages=messages, max_tokens=40, temperature=0)
+    assert got.choices[0].message.content == expected
