@@ -3,7 +3,9 @@
 A packet ffmpeg cannot decode (``InvalidDataError``) is counted and skipped; a hole in the stream's timestamps
 (blocks lost to damage) is filled with silence, so the times after it stay where they were. Where the track
 starts in its container (a video whose audio begins 5 s in) and what duration it declares go into the
-``DecodeNotes``; nothing is printed.
+``DecodeNotes``; nothing is printed. AAC priming that the container does not mark (an MP4 without an edit
+list, raw ADTS) is dropped, so times match the same audio as WAV. ``sample_tracks`` decodes a few seconds of
+each track (which one has speech: ``asr.tracks``).
 """
 
 from __future__ import annotations
@@ -127,12 +129,32 @@ def stream_av(path: Path, block_seconds: float, notes: DecodeNotes) -> Iterator[
             raise AudioDecodeError(path, "zero-length audio (no samples decoded)")
 
 
+AAC_PRIMING = 1024  # samples an AAC-LC encoder puts before the audio (ffmpeg's and fdk-aac's encoder delay)
+UNSIGNALLED = {"mov", "aac"}  # ffmpeg's demuxers whose AAC priming is dropped only when the file marks it
+#                               (MP4/MOV/M4A by an edit list; raw ADTS never); Matroska's CodecDelay always is
+
+
+def _unsignalled_priming(stream, packet, container, notes: DecodeNotes) -> int:
+    """16 kHz samples of AAC priming to drop before the track's audio, where its container does not say so.
+
+    An MP4 (or MOV, M4A) with an edit list marks its first packet as priming (``is_discard``, negative time) and ffmpeg drops
+    it; an MP4 without one, and a raw ADTS ``.aac``, do not, so every time would be 1024 / rate late (21 ms at
+    48 kHz, 64 ms at 16 kHz) against the same audio as WAV. Those first 1024 samples are dropped, and the track's
+    audio starts that much later in its container (``notes.start_offset``, for a file of several streams)."""
+    formats = set(container.format.name.split(","))
+    if stream.codec_context.name != "aac" or packet.is_discard or not stream.sample_rate or not formats & UNSIGNALLED:
+        return 0
+    if len(container.streams) > 1:  # a file of one stream starts at 0 (``_start_offset``)
+        notes.start_offset += AAC_PRIMING / stream.sample_rate
+    return round(AAC_PRIMING * SAMPLE_RATE / stream.sample_rate)
+
+
 def _samples(av, container, stream, notes: DecodeNotes) -> Iterator[np.ndarray]:
     """The track's 16 kHz mono samples, packet by packet: a packet that does not decode is skipped and
-    counted, a hole in the timestamps after it filled with silence."""
+    counted, a hole in the timestamps after it filled with silence; unsignalled AAC priming dropped."""
     resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
     end = None  # the stream's time just past the last decoded frame (seconds)
-    errors_since_frame = 0
+    errors_since_frame, skip, first = 0, 0, True
     demux = container.demux(stream)
     while True:
         try:
@@ -142,6 +164,8 @@ def _samples(av, container, stream, notes: DecodeNotes) -> Iterator[np.ndarray]:
         except av.error.FFmpegError as exc:
             notes.damage(f"the file cannot be read past {notes.samples / SAMPLE_RATE:.2f} s ({exc.strerror or exc})")
             break
+        if first:
+            skip, first = _unsignalled_priming(stream, packet, container, notes), False
         try:
             frames = packet.decode()
         except av.error.FFmpegError as exc:
@@ -161,6 +185,8 @@ def _samples(av, container, stream, notes: DecodeNotes) -> Iterator[np.ndarray]:
             end = start + frame.samples / frame.sample_rate
             errors_since_frame = 0
             for out in resampler.resample(frame):
-                yield out.to_ndarray().reshape(-1)
+                samples = out.to_ndarray().reshape(-1)
+                yield samples[skip:]
+                skip = max(0, skip - len(samples))
     for out in resampler.resample(None):
-        yield out.to_ndarray().reshape(-1)
+        yield out.to_ndarray().reshape(-1)[skip:]

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-from test_audio_damage import mux
+from test_audio_damage import aac, mux
 
 from pipelines.asr import TranscribeOptions, transcribe
 from pipelines.asr.outputs import render
@@ -52,6 +52,18 @@ def test_the_second_audio_track_is_transcribed_when_asked(tmp_path, clips, regis
     assert one.audio_track is None and one.audio_tracks == 1  # a file of one track does not name it
     wrong = _one(clips[1], registry, base_runner, audio_track=1)
     assert not wrong.ok and "has 1 audio track" in wrong.error
+
+
+def test_an_aac_m4a_gives_the_wav_segment_times(tmp_path, clips, registry, base_runner):
+    speech = np.concatenate([np.zeros(8000, np.float32), load_audio(clips[0]), np.zeros(16000, np.float32),
+                             load_audio(clips[1])])
+    wav, m4a = tmp_path / "talk.wav", tmp_path / "talk.m4a"
+    sf.write(wav, speech, 16000, subtype="PCM_16")
+    aac(m4a, "mp4", speech, options={"use_editlist": "0"})  # priming not marked: 21 ms late unless dropped
+    plain, packed = (_one(p, registry, base_runner, timestamps=True) for p in (wav, m4a))
+    assert packed.ok and "forward" in packed.text.lower() and len(packed.segments) == len(plain.segments) > 1
+    for a, b in zip(plain.segments, packed.segments):  # AAC may change a word ("ill-sposed"), not the times
+        assert (b.start, b.end) == (pytest.approx(a.start, abs=0.01), pytest.approx(a.end, abs=0.01))
 
 
 def _tone(seconds: float) -> np.ndarray:
