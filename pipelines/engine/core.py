@@ -173,6 +173,7 @@ class AssistedDecoder:
             raise ValueError("the main model must score the whole vocabulary (this one has a reduced draft head)")
         self.main, self.make_drafter, self.pad_id = main, make_drafter, pad_id
         self.costs = CostMemory()
+        self.beam_costs = CostMemory()  # beam search's (beam_loop.py): its acceptance is every beam's at once
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], rules: Rules, options: DecodeOptions = DecodeOptions(),

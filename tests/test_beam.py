@@ -1,0 +1,162 @@
+"""Beam search through the engine (``engine/beam.py``, ``engine/beam_loop.py``) on the embedded Whisper base:
+plain beam search equals transformers' ``generate(num_beams=N)`` token for token, and assisted beam search
+equals plain beam search (whisper's and transformers' semantics, fixed and random lookahead schedules)."""
+
+import pytest
+import torch
+
+from pipelines.engine import (
+    AssistedDecoder,
+    DecodeOptions,
+    PolicyOptions,
+    as_decoder,
+    model_drafter,
+    rules_from_generation_config,
+)
+from pipelines.engine.beam import BeamOptions, WhisperBeams, rank_score
+from pipelines.engine.beam_loop import beam_generate
+from pipelines.models.embedded import ASSISTANTS_DIR, embedded_path
+
+PROMPT = [50258, 50259, 50359, 50363]  # <|startoftranscript|><|en|><|transcribe|><|notimestamps|>
+EOT = 50257
+MAX_NEW = 120
+CLIPS = (1, 4, 10)  # three short speech-real recordings (3.0, 3.3 and 2.8 s)
+
+
+@pytest.fixture(scope="module")
+def setup(speech_real):
+    from transformers import WhisperFeatureExtractor, WhisperForCausalLM, WhisperForConditionalGeneration
+
+    from pipelines.audio import load_audio
+
+    base = embedded_path("whisper-base")
+    main = WhisperForConditionalGeneration.from_pretrained(base, dtype=torch.float32).eval()
+    fe = WhisperFeatureExtractor.from_pretrained(base)
+    x = torch.cat([fe(load_audio(speech_real[i]["audio_path"]), sampling_rate=16000, return_tensors="pt").input_features
+                   for i in CLIPS])
+    decoder = as_decoder(main)
+    enc = decoder.encode(input_features=x)
+    shipped = (ASSISTANTS_DIR / "whisper-base-distilled" / "assistant.json").is_file()
+    name = "whisper-base-distilled" if shipped else "whisper-base-decoder-2l"
+    assistant = WhisperForCausalLM.from_pretrained(embedded_path(name), dtype=torch.float32).eval()
+    drafter = model_drafter(as_decoder(assistant, assistant=shipped), share_encoder=True, pad_id=EOT)
+    rules = rules_from_generation_config(main.generation_config, len(PROMPT), MAX_NEW)
+    return main, x, AssistedDecoder(decoder, drafter, pad_id=EOT), enc, rules
+
+
+def _beam(setup, clip, beam, use_drafter=False, policy=PolicyOptions("constant", 1), rules=None, prompt=PROMPT):
+    _, _, engine, enc, default_rules = setup
+    options = DecodeOptions(max_new_tokens=MAX_NEW, use_drafter=use_drafter, policy=policy)
+    return beam_generate(engine, [prompt], rules or default_rules, options, beam,
+                         encoder_output=enc.select(torch.tensor([clip])))
+
+
+def _strip_eot(tokens):
+    return list(tokens[:-1]) if tokens and tokens[-1] == EOT else list(tokens)
+
+
+SLOW = pytest.mark.slow  # CI runs one clip and one schedule of each kind; -m slow the rest
+
+
+@pytest.mark.parametrize("clip", [0, pytest.param(1, marks=SLOW), pytest.param(2, marks=SLOW)])
+def test_plain_beam_equals_transformers_generate(setup, clip):
+    main, x = setup[0], setup[1]
+    with torch.inference_mode():
+        ref = main.generate(x[clip : clip + 1], language="en", task="transcribe", num_beams=5,
+                            max_new_tokens=MAX_NEW)[0].tolist()
+    result = _beam(setup, clip, BeamOptions(5, style="transformers"))
+    assert _strip_eot(result.tokens[0]) == ref
+    assert result.tokens[0][-1] == EOT
+    assert result.stats.drafted == 0
+
+
+@pytest.mark.parametrize("style, beam, policy", [
+    ("whisper", 5, PolicyOptions("constant", 3)),
+    pytest.param("whisper", 3, PolicyOptions("random", 0, 8, seed=1), marks=SLOW),
+    pytest.param("transformers", 5, PolicyOptions("constant", 3), marks=SLOW),
+    pytest.param("transformers", 2, PolicyOptions("random", 0, 8, seed=2), marks=SLOW),
+])
+def test_assisted_beam_equals_plain(setup, style, beam, policy):
+    options = BeamOptions(beam, style=style)
+    accepted = plain_calls = assisted_calls = 0
+    for clip in range(len(CLIPS)):
+        plain = _beam(setup, clip, options)
+        assisted = _beam(setup, clip, options, use_drafter=True, policy=policy)
+        assert assisted.tokens == plain.tokens
+        assert assisted.sum_logprobs == plain.sum_logprobs  # the same steps on the same bits
+        accepted += assisted.stats.accepted
+        plain_calls += plain.stats.main_calls
+        assisted_calls += assisted.stats.main_calls
+    assert accepted > 0  # drafted steps were taken: the exact check ran on accepted drafts too
+    assert assisted_calls < plain_calls
+
+
+def test_assisted_beam_with_timestamps_equals_plain(setup):
+    from dataclasses import replace
+
+    from pipelines.engine import TimestampRules
+
+    main = setup[0]
+    prompt = PROMPT[:-1]  # timestamps on
+    rules = replace(rules_from_generation_config(main.generation_config, len(prompt), MAX_NEW),
+                    timestamps=TimestampRules.from_generation_config(main.generation_config, len(prompt)))
+    plain = _beam(setup, 0, BeamOptions(4), rules=rules, prompt=prompt)
+    assisted = _beam(setup, 0, BeamOptions(4), True, PolicyOptions("constant", 4), rules=rules, prompt=prompt)
+    assert assisted.tokens == plain.tokens
+    assert any(t > EOT + 100 for t in plain.tokens[0])  # timestamp tokens were decoded
+
+
+@SLOW
+def test_compare_plain_reports_identical(setup):
+    _, _, engine, enc, rules = setup
+    options = DecodeOptions(max_new_tokens=MAX_NEW, policy=PolicyOptions("constant", 2), compare_plain=True)
+    result = beam_generate(engine, [PROMPT, PROMPT], rules, options, BeamOptions(3), encoder_output=enc.select(torch.tensor([0, 2])))
+    assert result.identical == (True, True) and result.plain_stats.drafted == 0
+    assert [result.tokens[0], result.tokens[1]] == [_beam(setup, c, BeamOptions(3)).tokens[0] for c in (0, 2)]
+
+
+def test_beam_refuses_sampling(setup):
+    _, _, engine, enc, rules = setup
+    with pytest.raises(ValueError, match="does not sample"):
+        beam_generate(engine, [PROMPT], rules, DecodeOptions(do_sample=True), BeamOptions(2), encoder_output=enc)
+
+
+def _logprobs(rows: list[dict[int, float]], vocab: int = 8) -> torch.Tensor:
+    """(rows, vocab) log-probabilities: the given tokens' values, every other token far below."""
+    lp = torch.full((len(rows), vocab), -50.0)
+    for r, values in enumerate(rows):
+        for t, v in values.items():
+            lp[r, t] = v
+    return lp
+
+
+def test_whisper_bookkeeping_by_hand():
+    eos = 7
+    beams = WhisperBeams(BeamOptions(2, patience=1.5), groups=1, eos=(eos,))  # collects round(2 * 1.5) = 3
+    # step 1: both rows hold the prompt, so their candidates are one sequence each (the later row's source)
+    step = beams.step(_logprobs([{1: -0.1, 2: -0.5, 3: -2.0}] * 2), 0, 10)
+    assert (step.sources, step.tokens) == ([1, 1], [1, 2])
+    # step 2: (1, 7) ends first and is collected; the beams go on with the next two, whoever their source
+    step = beams.step(_logprobs([{eos: -0.4, 4: -1.0, 5: -3.0}, {4: -0.2, 5: -0.3, 6: -4.0}]), 1, 10)
+    assert beams.finished[0] == {(1, eos): pytest.approx(-0.5)}
+    assert (step.sources, step.tokens) == ([1, 1], [4, 5]) and not beams.done
+    # step 3: two more end (the third completes patience's 3), between them a beam that goes on
+    beams.step(_logprobs([{eos: -0.1, 6: -0.2, 4: -5.0}, {eos: -0.15, 6: -9.0, 4: -9.5}]), 2, 10)
+    assert set(beams.finished[0]) == {(1, eos), (2, 4, eos), (2, 5, eos)} and beams.done
+    # the ranker: sum / length (tokens without EOS): (1) -0.5 / 1, (2, 4) -0.8 / 2, (2, 5) -0.95 / 2
+    [(tokens, total)] = beams.finalize()
+    assert tokens == (2, 4, eos) and total == pytest.approx(-0.8)
+    # Google NMT's penalty with alpha 0: the plain sum, so the short one would win
+    assert rank_score(-0.5, 1, 0.0) > rank_score(-0.8, 2, 0.0)
+    assert rank_score(-0.8, 2, 1.0) == pytest.approx(-0.8 / (7 / 6))
+
+
+def test_beam_options_check_ranges():
+    with pytest.raises(ValueError, match="beam_size"):
+        BeamOptions(0)
+    with pytest.raises(ValueError, match="patience"):
+        BeamOptions(2, patience=0)
+    with pytest.raises(ValueError, match="length_penalty"):
+        BeamOptions(2, length_penalty=1.5)
+    assert BeamOptions(4, patience=2.0).max_candidates == 8
+
