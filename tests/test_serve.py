@@ -436,3 +436,30 @@ def test_a_client_gone_mid_chat_stream_leaves_no_rows_and_the_next_is_served(cha
         scheduler.chat = complete
     got = server.client().chat.completions.create(model="tiny-chat", messages=messages, max_tokens=40, temperature=0)
     assert got.choices[0].message.content == expected
+
+
+def test_bench_serve_runs_every_configuration_on_two_files(asr, speech_real, tmp_path, capsys):
+    import json
+
+    from pipelines.cli import main
+    from pipelines.serve.bench import bench_serve, percentile
+
+    items = sorted(speech_real, key=lambda i: i["duration"])[:2]
+    files = [(Path(i["audio_path"]), i["duration"]) for i in items]
+    lines: list[str] = []
+    rows = bench_serve(None, clients=(1, 2), max_batch=2, json_path=str(tmp_path / "bench.json"), asr=asr,
+                       files=files, log=lines.append)
+    assert [(r.batching, r.assistant, r.clients) for r in rows] == [
+        (b, a, n) for b in ("one-at-a-time", "batched") for a in (False, True) for n in (1, 2)]
+    for r in rows:
+        assert r.identical and r.requests == 2 and r.audio_seconds == round(sum(d for _, d in files), 2)
+        assert 0 < r.p50_seconds <= r.p95_seconds <= r.wall_seconds
+        assert r.requests_per_second == round(2 / r.wall_seconds, 3)
+    assert sum("batching x" in line for line in lines) == 4 and sum("the assistant x" in line for line in lines) == 4
+    assert len(json.loads((tmp_path / "bench.json").read_text())["rows"]) == 8
+    assert percentile([3.0, 1.0, 2.0, 4.0], 50) == 2.0 and percentile([3.0, 1.0, 2.0, 4.0], 95) == 4.0
+
+    with pytest.raises(SystemExit) as bad:
+        main(["bench", "serve", "--clients", "1,0"])
+    assert bad.value.code == 2
+    assert "--clients" in capsys.readouterr().err

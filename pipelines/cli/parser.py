@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 
 from .. import __version__
-from ..errors import TandemError
-from ..quality.peers import ASR_PEERS, TEXT_PEERS, parse_peers
 from .arguments import (
     DEVICE_HELP,
     WEIGHT_DTYPE_HELP,
@@ -47,19 +45,6 @@ from .commands import (
 
 SPEECH_SETS = "speech-real,speech-synth,speech-long"
 TEXT_BENCH_SETS = ("summarize-own", "translate-udhr")  # bench text's sets (quality.bench_text.SETS)
-
-
-def add_peers(b, known: tuple[str, ...], what: str) -> None:
-    """``--peers NAME[,NAME...]``: other engines' rows beside Tandem's (``quality.peers``)."""
-    def parse(text: str) -> tuple[str, ...]:
-        try:
-            return parse_peers(text, known)
-        except TandemError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
-
-    b.add_argument("--peers", type=parse, default=(), metavar=",".join(known),
-                   help=f"CPU peers also run, comma-separated: {what} (the 'bench-peers' extra; a peer that cannot "
-                        "run here prints its reason instead of a row)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -232,7 +217,7 @@ def add_eval(sub) -> None:
 def add_bench(sub) -> None:
     p = add_command(sub, "bench", help="side-by-side speed benchmarks (tables + JSON)")
     bench_sub = p.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
-    for add in (add_bench_engine, add_bench_asr, add_bench_shapes, add_bench_text, add_bench_scale):
+    for add in (add_bench_engine, add_bench_asr, add_bench_shapes, add_bench_text, add_bench_scale, add_bench_serve):
         add(bench_sub)
 
 
@@ -260,7 +245,6 @@ def add_bench_asr(sub) -> None:
     add_report(b, "reports/bench-asr.json")
     b.add_argument("--also", nargs="+", default=(), metavar="PAIR", help="other pairs with the same main model (another "
                    "assistant): their Tandem assisted rows beside the pair's, in the same run")
-    add_peers(b, ASR_PEERS, "whispercpp (whisper.cpp on the main model converted to ggml f16 and q8_0), openvino")
     b.set_defaults(func=cmd_bench_asr)
 
 
@@ -296,10 +280,31 @@ def add_bench_text(sub) -> None:
     b.add_argument("--limit", type=count, default=4, help="items of the set")
     b.add_argument("--max-new-tokens", type=count, default=256, help="per prompt")
     add_dtype(b, WEIGHT_DTYPE_HELP, weights=True)
-    add_peers(b, TEXT_PEERS, "llamacpp (llama.cpp on the pair's GGUF files: plain, the 0.5B draft, prompt lookup), "
-              "openvino")
     add_report(b, "reports/bench-text.json")
     b.set_defaults(func=cmd_bench_text)
+
+
+def add_bench_serve(sub) -> None:
+    from ..serve.bench import cmd_bench_serve, parse_counts
+
+    def counts(text: str) -> tuple[int, ...]:
+        try:
+            return parse_counts(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"whole numbers from 1, comma-separated, not {text!r}") from None
+
+    b = add_command(sub, "serve", help="tandem serve under N concurrent openai clients: requests/s, audio s per wall "
+                    "s, p50/p95 latency; batched vs one at a time, with and without the assistant (the 'serve' extra)")
+    add_model(b, "asr pair (default: the registry's asr default)")
+    b.add_argument("--set", "--sets", dest="sets", default="speech-real", metavar="SET[,SET...]",
+                   help="comma-separated evaluation sets whose files the clients send")
+    b.add_argument("--limit", type=count, default=16, help="files per set at most (each sent once per row)")
+    b.add_argument("--clients", type=counts, default="1,4,16", metavar="N[,N...]",
+                   help="concurrent clients, comma-separated: one row each per configuration")
+    b.add_argument("--max-batch", type=count, default=16, metavar="N", help="the batched server's rows (the other "
+                   "serves one request at a time)")
+    add_report(b, "reports/bench-serve.json")
+    b.set_defaults(func=cmd_bench_serve)
 
 
 def add_bench_scale(sub) -> None:

@@ -270,7 +270,7 @@ def _asr_options(served: Served, task: str, language: str | None, prompt: str | 
     try:
         return TranscribeOptions(
             language=None if language == "auto" else language, task=task, device=served.options.device,
-            dtype=served.options.dtype, batch_size=served.options.max_batch,
+            dtype=served.options.dtype, batch_size=served.options.max_batch, use_assistant=served.options.use_assistant,
             timestamps=response_format in TIMED_FORMATS, **extra,
             **({"temperature": (float(temperature),)} if temperature > 0 else {}))
     except ValueError as exc:

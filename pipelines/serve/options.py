@@ -32,6 +32,7 @@ class ServeOptions:
     max_wait_ms: float = 10.0  # how long the worker waits for more requests to fill a batch it could start
     api_key: str | None = None  # Bearer token every /v1 request must send; required off loopback
     max_upload_mb: float = 25.0  # OpenAI's own cap on audio uploads
+    use_assistant: bool = True  # False: plain decoding with the pair's main model (tandem bench serve's baseline)
     device: str = "cpu"
     dtype: str | None = None
     models: str | None = None  # the registry file (None: the project's models.yaml or $TANDEM_MODELS)
