@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 
 from .. import __version__
+from ..errors import TandemError
+from ..quality.peers import ASR_PEERS, TEXT_PEERS, parse_peers
 from .arguments import (
     DEVICE_HELP,
     WEIGHT_DTYPE_HELP,
@@ -45,6 +47,19 @@ from .commands import (
 
 SPEECH_SETS = "speech-real,speech-synth,speech-long"
 TEXT_BENCH_SETS = ("summarize-own", "translate-udhr")  # bench text's sets (quality.bench_text.SETS)
+
+
+def add_peers(b, known: tuple[str, ...], what: str) -> None:
+    """``--peers NAME[,NAME...]``: other engines' rows beside Tandem's (``quality.peers``)."""
+    def parse(text: str) -> tuple[str, ...]:
+        try:
+            return parse_peers(text, known)
+        except TandemError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    b.add_argument("--peers", type=parse, default=(), metavar=",".join(known),
+                   help=f"CPU peers also run, comma-separated: {what} (the 'bench-peers' extra; a peer that cannot "
+                        "run here prints its reason instead of a row)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -245,6 +260,7 @@ def add_bench_asr(sub) -> None:
     add_report(b, "reports/bench-asr.json")
     b.add_argument("--also", nargs="+", default=(), metavar="PAIR", help="other pairs with the same main model (another "
                    "assistant): their Tandem assisted rows beside the pair's, in the same run")
+    add_peers(b, ASR_PEERS, "whispercpp (whisper.cpp on the main model converted to ggml f16 and q8_0), openvino")
     b.set_defaults(func=cmd_bench_asr)
 
 
@@ -280,6 +296,8 @@ def add_bench_text(sub) -> None:
     b.add_argument("--limit", type=count, default=4, help="items of the set")
     b.add_argument("--max-new-tokens", type=count, default=256, help="per prompt")
     add_dtype(b, WEIGHT_DTYPE_HELP, weights=True)
+    add_peers(b, TEXT_PEERS, "llamacpp (llama.cpp on the pair's GGUF files: plain, the 0.5B draft, prompt lookup), "
+              "openvino")
     add_report(b, "reports/bench-text.json")
     b.set_defaults(func=cmd_bench_text)
 
