@@ -160,3 +160,25 @@ def test_beam_options_check_ranges():
         BeamOptions(2, length_penalty=1.5)
     assert BeamOptions(4, patience=2.0).max_candidates == 8
 
+
+@pytest.mark.parametrize("fields, message", [
+    ({"patience": 2.0}, "patience needs beam_size"),
+    ({"beam_size": 3, "temperature": (0.2, 0.4)}, "temperature 0"),
+    ({"best_of": 2, "temperature": (0.0,)}, "above 0"),
+    ({"length_penalty": 0.5}, "needs beam_size or best_of"),
+    ({"beam_size": 0}, "beam_size must be at least 1"),
+    ({"beam_size": 2, "length_penalty": 2.0}, "from 0 to 1"),
+])
+def test_transcribe_options_refuse_beam_combinations(fields, message):
+    from pipelines.asr import TranscribeOptions
+
+    with pytest.raises(ValueError, match=message):
+        TranscribeOptions(**fields)
+
+
+def test_transcribe_with_beams_is_exact_with_the_assistant(speech_real, registry):
+    from pipelines.asr import TranscribeOptions, transcribe
+
+    clip = next(i for i in speech_real if i["id"] == "goforward")["audio_path"]
+    (t,) = transcribe([clip], registry.get("whisper-base+distilled"), TranscribeOptions(compare=True, beam_size=3))
+    assert t.identical and "forward" in t.text.lower()

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..audio import SAMPLE_RATE
-from ..engine import PolicyOptions
+from ..engine import BeamOptions, PolicyOptions
 from ..errors import TandemError
 from .safeguards import TEMPERATURES, check_options
 
@@ -53,6 +53,12 @@ class TranscribeOptions:
     word_timestamps: bool = False
     prepend_punctuations: str = "\"'“¿([{-"  # marks joined to the word after them
     append_punctuations: str = "\"'.。,，!！?？:：”)]}、"  # marks joined to the word before them
+    # Beam search and best-of (whisper's names and semantics, engine/beam.py), exact with the assistant
+    beam_size: int | None = None  # at temperature 0: beams per window (None: greedy, measured the faster)
+    patience: float | None = None  # with beam_size: a window ends once round(beam_size * patience) texts finished
+    length_penalty: float | None = None  # ranking of the candidates: None sum / length, alpha in [0, 1]:
+    #                                      sum / ((5 + length) / 6) ** alpha (Google NMT's)
+    best_of: int | None = None  # at each fallback temperature > 0: samples per window, the best by that ranking
 
     def __post_init__(self) -> None:
         check_options(self)
@@ -62,9 +68,30 @@ class TranscribeOptions:
             raise ValueError(f"batch_size must be at least 1, not {self.batch_size}")
         if self.audio_track is not None and self.audio_track < 0:
             raise ValueError(f"audio_track must be 0 or more, not {self.audio_track}")
+        check_search(self)
         if self.condition_on_previous_text and self.long_form == "chunked":
             raise ValueError("condition_on_previous_text needs long_form 'sequential': chunked windows are "
                              "decoded side by side, before the text before them is known")
+
+
+def check_search(options: TranscribeOptions) -> None:
+    """Raise ValueError with a sentence for beam search or best-of options out of range or without their use
+    (whisper decodes with beams at temperature 0 only, and samples best_of texts at the temperatures above)."""
+    if options.beam_size is not None:
+        BeamOptions(options.beam_size, options.patience, options.length_penalty)  # (its ranges)
+        if 0.0 not in options.temperature:
+            raise ValueError("beam_size searches at temperature 0, which the temperature schedule lacks")
+    elif options.patience is not None:
+        raise ValueError("patience needs beam_size (it counts finished beams)")
+    if options.best_of is not None:
+        if options.best_of < 1:
+            raise ValueError(f"best_of must be at least 1, not {options.best_of}")
+        if not any(t > 0 for t in options.temperature):
+            raise ValueError("best_of samples at temperatures above 0, which the temperature schedule lacks")
+    if options.length_penalty is not None:
+        if options.beam_size is None and options.best_of is None:
+            raise ValueError("length_penalty ranks several candidates: it needs beam_size or best_of")
+        BeamOptions(1, length_penalty=options.length_penalty)  # whisper's range, 0 to 1
 
 
 @dataclass(frozen=True)

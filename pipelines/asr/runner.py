@@ -8,7 +8,18 @@ from functools import cached_property
 import numpy as np
 
 from ..audio import SAMPLE_RATE
-from ..engine import DecodeOptions, EncoderOutput, Rules, Sampling, TimestampRules, rules_from_generation_config
+from ..engine import (
+    BeamOptions,
+    DecodeOptions,
+    DecodeResult,
+    EncoderOutput,
+    Rules,
+    Sampling,
+    TimestampRules,
+    beam_generate,
+    rules_from_generation_config,
+)
+from ..engine.beam import rank_score
 from ..models.pairs import load_pair
 from ..models.registry import Pair
 from .options import LanguageError, TranscribeOptions
@@ -199,8 +210,9 @@ class WhisperRunner:
     def decode_encoded(self, enc: EncoderOutput, prompts: list[list[int]], timestamps: bool, options: TranscribeOptions,
                        temperature: float = 0.0, seed: int | None = None, no_speech: bool = False):
         """One engine call over encoded windows of several files (same prompt length): greedy at temperature 0
-        (with compare, also plainly), else speculative sampling at ``temperature``. ``no_speech``: also return
-        the logits at <|startoftranscript|> (``no_speech_probs``)."""
+        (with compare, also plainly), or beam search with ``options.beam_size``; else speculative sampling at
+        ``temperature``, ``options.best_of`` samples a window with the best kept (``best_of``). ``no_speech``:
+        also return the logits at <|startoftranscript|> (``no_speech_probs``)."""
         rules = self.rules(len(prompts[0]), timestamps, options.max_new_tokens)
         sampled = temperature > 0
         decode_options = DecodeOptions(max_new_tokens=options.max_new_tokens, policy=options.policy, do_sample=sampled,
@@ -209,7 +221,31 @@ class WhisperRunner:
                                        logits_at=prompts[0].index(self.model.generation_config.decoder_start_token_id)
                                        if no_speech else None)
         engine = self.loaded.engine if options.use_assistant else self.loaded.plain
+        if not sampled and options.beam_size is not None:
+            beam = BeamOptions(options.beam_size, options.patience, options.length_penalty)
+            return beam_generate(engine, prompts, rules, decode_options, beam, encoder_output=enc)
+        if sampled and (options.best_of or 1) > 1:
+            return self.best_of(engine, enc, prompts, rules, decode_options, options)
         return engine.generate(prompts, rules, decode_options, encoder_output=enc)
+
+    def best_of(self, engine, enc: EncoderOutput, prompts: list[list[int]], rules: Rules, decode_options: DecodeOptions,
+                options: TranscribeOptions) -> DecodeResult:
+        """whisper's best_of: ``options.best_of`` samples of each window in one sampled call (row w * n + i the
+        i-th of window w), and per window the one whisper's ranker puts first: the highest sum_logprob / length
+        (tokens without EOT), or / ((5 + length) / 6) ** length_penalty (``beam.rank_score``; the first on a tie)."""
+        torch, n = self._torch, options.best_of
+        rows = [w for w in range(len(prompts)) for _ in range(n)]
+        result = engine.generate([prompts[w] for w in rows], rules, decode_options,
+                                 encoder_output=enc.select(torch.tensor(rows, device=enc.hidden.device)))
+        eot = self.model.generation_config.eos_token_id
+        chosen = []
+        for w in range(len(prompts)):
+            ranked = [rank_score(result.sum_logprobs[r], len([t for t in result.tokens[r] if t != eot]),
+                                 options.length_penalty) for r in range(w * n, (w + 1) * n)]
+            chosen.append(w * n + max(range(n), key=ranked.__getitem__))
+        logits = None if result.prompt_logits is None else result.prompt_logits[chosen]
+        return DecodeResult(tuple(result.tokens[r] for r in chosen), result.stats,
+                            sum_logprobs=tuple(result.sum_logprobs[r] for r in chosen), prompt_logits=logits)
 
     def text_of(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
