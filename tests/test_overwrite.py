@@ -161,3 +161,13 @@ def test_a_record_gives_back_the_transcript_it_keeps():
     assert not is_timed(replace(t, duration=30.0), TranscribeOptions())
     assert is_timed(replace(t, duration=30.0), TranscribeOptions(timestamps=True))
     assert is_timed(replace(t, duration=30.0), TranscribeOptions(word_timestamps=True))
+
+
+def test_a_track_asked_for_is_another_record_than_the_automatic_choice():
+    # the automatic choice (None) reads the first track with speech, which may be track 1: a record made by it
+    # must not pass for one of --audio-track 0 (nor the other way round)
+    from pipelines.asr.options import TranscribeOptions
+    from pipelines.asr.outputs import run_signature
+
+    auto, first, second = (run_signature("p", TranscribeOptions(audio_track=t)) for t in (None, 0, 1))
+    assert len({auto, first, second}) == 3

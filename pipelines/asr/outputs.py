@@ -92,8 +92,8 @@ def run_signature(pair_name: str, options, subtitles: SubtitleOptions = Subtitle
         keys["vad"] = "silero"
     if options.device != "cpu":  # likewise: a GPU's kernels (and its default dtype) give other bits than the CPU's
         keys["device"] = options.device
-    if getattr(options, "audio_track", 0):  # another track is another transcript
-        keys["audio_track"] = options.audio_track
+    if getattr(options, "audio_track", None) is not None:  # a track asked for, 0 included: the automatic
+        keys["audio_track"] = options.audio_track  # choice (None, the first with speech) may read another
     if getattr(options, "word_timestamps", False):  # words, and segments bounded by them
         keys["words"] = [options.prepend_punctuations, options.append_punctuations]
     if subtitles.any:  # another layout of the srt and vtt cues
@@ -138,9 +138,10 @@ class OutputTree:
         self.out = Path(out_dir)
         self.formats, self.signature, self.subtitles, self.pair = formats, signature, subtitles, pair
         self.options = options
-        # the signature less --timestamps: a result kept by a run that differed only there serves this run when
-        # it has the timestamps this run needs (``plan``)
-        self.alike = run_signature(pair, replace(options, timestamps=False), subtitles) if options and pair else None
+        # the signature of a run that differed only in --timestamps (which srt/vtt/tsv turn on): its record serves
+        # this run when its result has the timestamps this run needs (``plan``); records of any version name it
+        self.retimed = (run_signature(pair, replace(options, timestamps=not options.timestamps), subtitles)
+                        if options and pair else None)
         self.names = {i.path: i.name for i in inputs}
         self._lock_fd: int | None = None
 
@@ -211,13 +212,13 @@ class OutputTree:
             return Plan("decode")
         missing = tuple(f for f in self.formats if f not in self._have(source, meta))
         same = meta.get("signature") == self.signature
-        if not same and not (self.alike and meta.get("alike") == self.alike):
+        if not same and not (self.retimed and meta.get("signature") == self.retimed):
             return Plan("other", pair=meta.get("pair"))  # another pair, dtype or decoding options
         if same and not missing:
             return Plan("done")
         if _stored(meta) is None:
-            return Plan("again", missing, why=f"its record keeps no result to write {', '.join(missing)} from "
-                                              "(written by an earlier version)")
+            return Plan("again", missing, why=f"its record keeps no result to write {', '.join(missing) or 'from'}"
+                                              f"{' from' if missing else ''} (written by an earlier version)")
         if self.options and self.options.timestamps and not meta.get("timed"):
             needs = ", ".join(f for f in self.formats if f in TIMED) or "--timestamps"
             return Plan("again", missing, why=f"{needs} need{'' if ',' in needs else 's'} timestamps, and the "
@@ -257,7 +258,7 @@ class OutputTree:
         meta = {"source": source_id, "path": os.path.abspath(source), "signature": self.signature, "pair": self.pair,
                 "status": "done" if t.ok else "failed", "error": t.error, "outputs": [p.name for p in written]}
         if t.ok and self.options is not None:
-            meta.update(alike=self.alike, timed=is_timed(t, self.options), result=result_data(t))
+            meta.update(timed=is_timed(t, self.options), result=result_data(t))
         write_atomic(self.record_path(source), json.dumps(meta, indent=1))
         return written
 
