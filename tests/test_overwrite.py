@@ -48,7 +48,7 @@ def test_another_format_is_written_from_the_record_without_decoding(speech_real,
     """Issue 57: -f json, then -f srt,txt into the same folder writes srt and txt from the result the record
     keeps, with no model loaded, equal to a fresh run's; the json stays as it was. The clip is over one window,
     so it was decoded with timestamps whatever the formats. A record from before records kept their result is
-    decoded again, saying so."""
+    decoded again, saying so, also when the formats asked for turn timestamps on (the same pair: not refused)."""
     clip = long_clip(speech_real, tmp_path)
     out, fresh = tmp_path / "out", tmp_path / "fresh"
     assert main(["transcribe", str(clip), "-o", str(out), "-m", "whisper-base", "-f", "json"]) == 0
@@ -74,14 +74,16 @@ def test_another_format_is_written_from_the_record_without_decoding(speech_real,
 
     record = out / "long.tandem.json"  # as an earlier version wrote it: no result kept
     meta = json.loads(record.read_text())
-    record.write_text(json.dumps({k: v for k, v in meta.items() if k not in ("result", "alike", "timed")}))
-    (out / "long.txt").unlink()
-    assert main(["transcribe", str(clip), "-o", str(out), "-m", "whisper-base", "-f", "json,txt"]) == 0
+    record.write_text(json.dumps({k: v for k, v in meta.items() if k not in ("result", "timed")}))
+    for fmt in ("srt", "txt"):
+        (out / f"long.{fmt}").unlink()
+    assert main(["transcribe", str(clip), "-o", str(out), "-m", "whisper-base", "-f", "srt,txt"]) == 0
     printed = capsys.readouterr().out
-    assert ("decoded again:   1 file (e.g. long.wav): its record keeps no result to write txt from (written by an "
-            "earlier version)") in printed, printed
+    assert ("decoded again:   1 file (e.g. long.wav): its record keeps no result to write srt, txt from (written "
+            "by an earlier version)") in printed, printed
     for fmt in ("srt", "txt"):
         assert (out / f"long.{fmt}").read_text() == (fresh / f"long.{fmt}").read_text(), fmt
+    assert same_result(out / "long.json", fresh / "long.json")  # the format its record named, rewritten too
     assert "result" in json.loads(record.read_text())
 
 
