@@ -142,3 +142,20 @@ def add_words(parser: argparse.ArgumentParser) -> None:
                         help="srt/vtt: lines in a cue (needs --max-line-width)")
     parser.add_argument("--max-words-per-line", type=whole_number(1), metavar="N",
                         help="srt/vtt: words in a line (needs --word-timestamps; no effect with --max-line-width)")
+
+
+def add_search(parser: argparse.ArgumentParser) -> None:
+    """Beam search at temperature 0 and best-of at the fallback temperatures, openai/whisper's names and semantics
+    (``TranscribeOptions`` checks their combinations: one line before any weights load)."""
+    parser.add_argument("--beam-size", type=whole_number(1), metavar="N",
+                        help="beam search at temperature 0 with N beams a window (whisper's; exact with the assistant). "
+                             "Default: greedy (whisper's is 5): on 3 speech-real clips beam 5 gave greedy's text at 3.6x "
+                             "its CPU time, and the assistant's drafts do not win that back")
+    parser.add_argument("--patience", type=positive, metavar="X",
+                        help="with --beam-size: a window ends once round(N x X) texts ended (default 1.0)")
+    parser.add_argument("--length-penalty", type=float, metavar="A",
+                        help="rank beams or samples by sum_logprob / ((5 + length) / 6) ** A, A from 0 to 1 "
+                             "(default: sum_logprob / length, whisper's)")
+    parser.add_argument("--best-of", type=whole_number(1), metavar="N",
+                        help="at each fallback temperature above 0: N samples a window, the best kept by that ranking "
+                             "(whisper's; default 1)")

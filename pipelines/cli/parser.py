@@ -18,6 +18,7 @@ from .arguments import (
     add_lookahead,
     add_model,
     add_report,
+    add_search,
     add_words,
     count,
     port,
@@ -135,6 +136,7 @@ def add_transcribe(sub) -> None:
                    help="Silero voice-activity filter before decoding (faster-whisper's model; pip install -e "
                         "'.[vad]'): audio outside speech is not decoded, timestamps stay the file's")
     add_prompts(p)
+    add_search(p)
     add_words(p)
     add_ray(p)
     p.set_defaults(func=cmd_transcribe)

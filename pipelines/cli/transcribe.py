@@ -51,7 +51,8 @@ def transcribe_options(args: argparse.Namespace, formats: tuple[str, ...]) -> Tr
             condition_on_previous_text=args.condition_on_previous_text,
             prompt_reset_on_temperature=args.prompt_reset_on_temperature, audio_track=args.audio_track,
             word_timestamps=args.word_timestamps, prepend_punctuations=args.prepend_punctuations,
-            append_punctuations=args.append_punctuations)
+            append_punctuations=args.append_punctuations, beam_size=args.beam_size, patience=args.patience,
+            length_penalty=args.length_penalty, best_of=args.best_of)
     except ValueError as e:  # --lookahead, a safeguard's value, a combination
         raise BatchError(str(e)) from None
 
