@@ -124,7 +124,9 @@ def test_every_format_equals_tandem_transcribe(server, clips, alone):
     assert got.text == plain.text
     figures = got.model_extra["tandem"]
     assert figures["tokens"] == plain.tokens and figures["decoder_seconds"] > 0
-    assert figures["drafted"] > 0 and 0 <= figures["acceptance"] <= 1  # the pair's assistant drafted
+    # the cost-based lookahead (engine/policies.py) times draft and verify passes: on a busy machine it may
+    # decode a short clip plainly, so the figures are checked for consistency, not for drafts
+    assert 0 <= figures["accepted"] <= figures["drafted"] and 0 <= figures["acceptance"] <= 1
     assert _transcribe(client, clips[0], response_format="text").strip() == plain.text
     assert _transcribe(client, clips[0], response_format="srt") == format_srt(timed.segments)
     verbose = _transcribe(client, clips[0], response_format="verbose_json", timestamp_granularities=["segment"])
