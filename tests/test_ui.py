@@ -143,7 +143,8 @@ def test_transcribe_page_results_downloads_stale_inputs_and_errors(models, speec
     at.button(key="asr_run").click().run()
     assert not at.exception and not at.error
     pair = load_registry(models).get("whisper-base")
-    expected = next(transcribe([set_dir("speech-real") / item["audio"]], pair, TranscribeOptions()))
+    # the CLI's `-f all` (srt and vtt turn timestamps on): the page's downloads and table equal its output
+    expected = next(transcribe([set_dir("speech-real") / item["audio"]], pair, TranscribeOptions(timestamps=True)))
     assert at.text_area(key="asr_output").value == expected.text and not at.text_area(key="asr_output").disabled
     shown = metrics(at)
     assert shown["Identical to plain"] == "yes" and "WER against the reference" in shown
@@ -151,6 +152,8 @@ def test_transcribe_page_results_downloads_stale_inputs_and_errors(models, speec
     table = at.table[0].value
     assert list(table["text"]) == [s.text for s in expected.segments]
     assert list(table["start"]) == ["00:00:%06.3f" % s.start for s in expected.segments]
+    assert list(table["end"]) == ["00:00:%06.3f" % s.end for s in expected.segments]
+    assert expected.segments[-1].end < expected.duration  # Whisper's cue ends, not one spanning the clip
     assert "00:00:00" in render(expected, "srt")  # the same writer the downloads use
     assert len(at.get("vega_lite_chart")) == 2  # latency bars, and accepted drafts per round
 

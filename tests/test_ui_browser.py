@@ -141,7 +141,8 @@ def test_the_pages_in_a_real_browser(server, local_models_file, speech_real, tmp
     expected_summary = TextRunner(load_registry(local_models_file).get("bart-pair")).summarize(doc, TextOptions()).output
     item = speech_real[1]
     audio = set_dir("speech-real") / item["audio"]
-    expected = next(transcribe([audio], load_registry(local_models_file).get("whisper-base"), TranscribeOptions()))
+    expected = next(transcribe([audio], load_registry(local_models_file).get("whisper-base"),
+                               TranscribeOptions(timestamps=True)))  # the CLI's -f all
     long_clip = _long_clip(speech_real, tmp_path)  # every clip once per window: no repeated text, no fallback
 
     with sync_playwright() as p:

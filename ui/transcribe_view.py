@@ -114,7 +114,10 @@ def read_options(language: str | None, compare: bool) -> TranscribeOptions:
         logprob = st.number_input("logprob_threshold", value=-1.0, step=0.1, key="asr_lp")
         no_speech = st.number_input("no_speech_threshold", value=0.6, min_value=0.0, max_value=1.0, step=0.05,
                                     key="asr_ns")
+    # timestamps on, as the CLI turns them on for srt/vtt (the page offers both): a short clip's cues are then
+    # Whisper's, not one cue spanning the clip, and every download equals `tandem transcribe -f all`'s
     return TranscribeOptions(language=language, compare=compare, batch_size=4 if chunked else 1, device=device(),
+                             timestamps=True,
                              long_form="chunked" if chunked else "sequential",
                              temperature=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0) if fallback else (0.0,),
                              compression_ratio_threshold=ratio, logprob_threshold=logprob, no_speech_threshold=no_speech,
