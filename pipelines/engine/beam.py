@@ -37,6 +37,8 @@ import torch
 
 STYLES = ("whisper", "transformers")
 NEG = -1.0e9  # transformers' "never" score
+HOST = torch.device("cpu")  # the bookkeeping's own tensors, whatever the model's device: a few numbers a step,
+# read back by Python (each step moves what it combines with them to one device explicitly)
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ class Beams:
     def __init__(self, options: BeamOptions, groups: int, eos: tuple[int, ...]) -> None:
         self.options, self.n, self.groups, self.eos = options, options.beam_size, groups, tuple(eos)
         self.seqs: list[tuple[int, ...]] = [()] * (groups * self.n)
-        self.scores = torch.zeros(groups * self.n, dtype=torch.float32)
+        self.scores = torch.zeros(groups * self.n, dtype=torch.float32, device=HOST)
         self.done = False
 
     def step(self, logprobs: torch.Tensor, gen_len: int, max_new: int) -> Step:  # pragma: no cover - abstract
@@ -134,7 +136,7 @@ class WhisperBeams(Beams):
                 if len(kept) >= cap:
                     break
                 kept[seq] = newly[seq]
-        self.seqs, self.scores = seqs, torch.tensor(scores, dtype=torch.float32)
+        self.seqs, self.scores = seqs, torch.tensor(scores, dtype=torch.float32, device=HOST)
         self.done = all(len(f) >= cap for f in self.finished)
         return Step(sources, tokens)
 
@@ -178,12 +180,12 @@ class TransformersBeams(Beams):
         self.scores = self.scores.view(groups, n)
         self.scores[:, 1:] = NEG  # the first step expands beam 0 alone
         self.slot_seqs: list[list[tuple[int, ...]]] = [[()] * n for _ in range(groups)]
-        self.slot_scores = torch.full((groups, n), NEG, dtype=torch.float32)
-        self.slot_sums = torch.zeros(groups, n, dtype=torch.float32)  # the slots' unnormalised sums
-        self.slot_done = torch.zeros(groups, n, dtype=torch.bool)
-        self.improvable = torch.ones(groups, 1, dtype=torch.bool)
+        self.slot_scores = torch.full((groups, n), NEG, dtype=torch.float32, device=HOST)
+        self.slot_sums = torch.zeros(groups, n, dtype=torch.float32, device=HOST)  # the slots' unnormalised sums
+        self.slot_done = torch.zeros(groups, n, dtype=torch.bool, device=HOST)
+        self.improvable = torch.ones(groups, 1, dtype=torch.bool, device=HOST)
         self.keep = max(2, 1 + len(self.eos)) * n  # transformers' beams_to_keep
-        self.top_mask = torch.arange(self.keep) < n
+        self.top_mask = torch.arange(self.keep, device=HOST) < n
 
     def step(self, logprobs: torch.Tensor, gen_len: int, max_new: int) -> Step:
         n, groups = self.n, self.groups
@@ -192,7 +194,7 @@ class TransformersBeams(Beams):
         acc = (lp.view(groups, n, vocab) + self.scores[:, :, None]).view(groups, n * vocab)
         top_values, top_index = torch.topk(acc, k=self.keep)
         top_rows, top_ids = top_index // vocab, top_index % vocab
-        ending = torch.isin(top_ids, torch.tensor(self.eos, dtype=torch.long)) | (gen_len + 1 >= max_new)
+        ending = torch.isin(top_ids, torch.tensor(self.eos, dtype=torch.long, device=HOST)) | (gen_len + 1 >= max_new)
         running = top_values + ending.to(torch.float32) * NEG
         chosen = torch.topk(running, k=n)[1]
         rows, ids = top_rows.gather(1, chosen).tolist(), top_ids.gather(1, chosen).tolist()

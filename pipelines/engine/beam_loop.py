@@ -178,7 +178,7 @@ def _logprobs(logits: torch.Tensor, rows: list[int], cols: list[int], rules: Rul
     device = logits.device
     x = logits[from_host(rows, torch.long, device), from_host(cols, torch.long, device)]
     vocab = x.shape[-1]
-    lens = torch.full((len(rows), 1), gen_len, dtype=torch.long)
+    lens = torch.full((len(rows), 1), gen_len, dtype=torch.long, device=device)
     if style == "transformers":
         x = torch.log_softmax(aligned_rows(x), dim=-1)[:, :vocab].contiguous()
     apply_rules(rules, x[:, None, :], lens, max_new, [[p] for p in prefixes] if rules.needs_prefix else None)
