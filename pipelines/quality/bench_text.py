@@ -130,10 +130,10 @@ def bench_text(task: str, pair_name: str | None = None, limit: int = 4, max_new_
         log(f"  {name}: {seconds:.1f} s")
     plain_outs, plain_s, _ = results["tandem plain"]
     ref_outs = results["transformers generate"][0]
-    plain_texts = [runner.tokenizer.decode(o, skip_special_tokens=True) for o in plain_outs]
+    plain_texts = [runner.tok.decode(o, skip_special_tokens=True) for o in plain_outs]
     rows = []
     for name, (o, s, pc) in results.items():
-        texts = [runner.tokenizer.decode(t, skip_special_tokens=True) for t in o]
+        texts = [runner.tok.decode(t, skip_special_tokens=True) for t in o]
         rows.append(TextBenchRow(task, name, round(s, 2), sum(map(len, o)), round(sum(map(len, o)) / s, 1),
                                  None if pc is None else round(pc, 2), round(plain_s / s, 2),
                                  sum(a == b for a, b in zip(o, plain_outs)) / len(o),
