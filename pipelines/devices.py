@@ -48,8 +48,11 @@ def resolve_device(requested: str | None = None) -> str:
     return f"cuda:{index}"
 
 
-# weight-only quantized dtypes (models/quantize.py): the weights' storage; the products run in compute_dtype's
-WEIGHT_DTYPES = ("int8", "int4")
+# weight-only quantized dtypes: the weights' storage. int8, int4: torch's CPU kernels (models/quantize.py), the
+# products in compute_dtype's; q4_k_m: the GGUF file's own Q4_K/Q6_K blocks on llama.cpp's kernels (models/llamacpp.py)
+TORCH_WEIGHT_DTYPES = ("int8", "int4")
+GGUF_DTYPE = "q4_k_m"
+WEIGHT_DTYPES = TORCH_WEIGHT_DTYPES + (GGUF_DTYPE,)
 
 
 def resolve_dtype(device: str, requested: str | None, pair_dtype: str) -> str:
@@ -59,7 +62,7 @@ def resolve_dtype(device: str, requested: str | None, pair_dtype: str) -> str:
     dtype by construction (``engine/fixed.py``). Not yet measured against float16 on a GPU (issue 14).
     ``WEIGHT_DTYPES`` (int8, int4) run on a CPU only: DeviceError when requested on CUDA."""
     if requested in WEIGHT_DTYPES and device.startswith("cuda"):
-        raise DeviceError(f"--dtype {requested}: weight-only {requested} runs on a CPU only (torch's CPU kernels); "
+        raise DeviceError(f"--dtype {requested}: weight-only {requested} runs on a CPU only (CPU kernels); "
                           "on CUDA use bfloat16 or float16, or --device cpu")
     if requested:
         return requested

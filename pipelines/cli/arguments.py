@@ -103,8 +103,10 @@ def add_model(parser: argparse.ArgumentParser, what: str, *, required: bool = Fa
 
 
 WEIGHT_DTYPE_HELP = ("dtype (default: the pair's); int8 / int4: the main model's weights quantized (int4 in groups "
-                     "of 32), products in bfloat16 where the CPU has it natively, else float32: fewer bytes read a "
-                     "step, assisted output still equal to plain in that dtype; a CPU only (docs/text.md)")
+                     "of 32) on torch's kernels, products in bfloat16 where the CPU has it natively, else float32; "
+                     "q4_k_m: the main model is the pair's GGUF file itself on llama.cpp's kernels (the 'gguf' extra), "
+                     "the fastest here (docs/benchmarks.md); each reads fewer bytes a step than bfloat16, assisted output "
+                     "still equal to plain in that dtype; a CPU only (docs/text.md)")
 
 
 def add_dtype(parser: argparse.ArgumentParser, what: str = "compute dtype (default: the pair's)",

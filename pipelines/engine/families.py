@@ -9,6 +9,7 @@ from __future__ import annotations
 from .causal import FixedCausalDecoder, fits
 from .causal_draft import CausalDraftDecoder, can_draft
 from .decoders import BartFamilyDecoder, CausalDecoder, Decoder, T5Decoder
+from .llamacpp import LlamaCppDecoder
 from .whisper import WhisperDecoder, WhisperDraftDecoder
 
 __all__ = ["BART_FAMILY", "as_decoder"]
@@ -20,6 +21,8 @@ def as_decoder(model, assistant: bool = False, int8: bool = False) -> Decoder:
     """The adapter for ``model``'s family; unknown families are refused with the list of known ones.
     ``assistant``: the model only drafts, so a lean forward may serve it (Whisper; Llama-layout causal LMs
     when ``int8``), with int8 weights when ``int8`` (and the CPU supports them)."""
+    if hasattr(model, "new_context"):  # a GGUF file on llama.cpp (models.llamacpp): the main model only
+        return LlamaCppDecoder(model)
     kind = model.config.model_type
     if kind == "whisper":
         return WhisperDraftDecoder(model, int8) if assistant else WhisperDecoder(model)

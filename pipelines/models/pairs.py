@@ -9,7 +9,15 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, replace
 
-from ..devices import HALF_UNITS, WEIGHT_DTYPES, compute_dtype, half_is_native, int8_allowed, resolve_dtype
+from ..devices import (
+    GGUF_DTYPE,
+    HALF_UNITS,
+    TORCH_WEIGHT_DTYPES,
+    compute_dtype,
+    half_is_native,
+    int8_allowed,
+    resolve_dtype,
+)
 from ..engine import AssistedDecoder, Decoder, as_decoder, model_drafter, prompt_lookup
 from .loading import load_config, load_model, load_tokenizer
 from .registry import Pair, RegistryError, preflight
@@ -20,7 +28,7 @@ class LoadedPair:
     pair: Pair
     dtype: str
     device: str  # where the models live: "cpu", "cuda:0" (devices.resolve_device)
-    main_model: object  # the transformers model
+    main_model: object  # the transformers model (q4_k_m: a models.llamacpp.LlamaCppModel)
     main: Decoder
     tokenizer: object
     assistant_model: object | None
@@ -64,6 +72,18 @@ def check_pair(pair: Pair) -> None:
                             "(tandem models lists every pair's checks)")
 
 
+def check_gguf(pair: Pair) -> None:
+    """RegistryError unless ``pair``'s main model is a GGUF file Tandem ships (what ``q4_k_m`` runs), and
+    ModelUnavailableError without llama-cpp-python: both before any weights load."""
+    from .embedded_gguf import GGUF
+    from .llamacpp import import_llama_cpp
+
+    if pair.main.source != "embedded" or pair.main.id not in GGUF:
+        raise RegistryError(f"pair {pair.name!r}: --dtype {GGUF_DTYPE} runs the GGUF file of an embedded text model "
+                            f"({', '.join(GGUF)}) on llama.cpp; its main model is {pair.main}")
+    import_llama_cpp()
+
+
 def check_quantizable(pair: Pair) -> None:
     """RegistryError unless ``pair``'s main model is a decoder-only model the fixed-shape causal decoder runs
     (``engine.causal.fits``): the models int8/int4 weights are offered for (their layers are run as modules)."""
@@ -82,19 +102,30 @@ def load_pair(pair: Pair, dtype: str | None = None, device: str = "cpu") -> Load
     assistant with another tokenizer, which could only draft tokens the main model does not mean.
     int8/int4 (``devices.WEIGHT_DTYPES``, a CPU only): the models load in ``devices.compute_dtype``'s dtype and
     their decoder linears are quantized (``quantize.quantize_model``): the main model's, and the assistant's
-    unless the pair drafts with the lean int8 assistant (``assistant_int8``), which has int8 weights of its own."""
+    unless the pair drafts with the lean int8 assistant (``assistant_int8``), which has int8 weights of its own.
+    q4_k_m (a CPU only): the main model is the pair's GGUF file on llama.cpp (``llamacpp.load_llamacpp``); the
+    assistant loads as for int8/int4, unquantized (or the lean int8 one)."""
     check_pair(pair)
     dtype = resolve_dtype(device, dtype, pair.dtype)
     compute = compute_dtype(device, dtype)  # int8/int4: the weights' storage; the products run in this
-    if dtype in WEIGHT_DTYPES:
+    if dtype in TORCH_WEIGHT_DTYPES:
         check_quantizable(pair)
+    elif dtype == GGUF_DTYPE:
+        check_gguf(pair)
     if not half_is_native(device, compute):
         warnings.warn(f"{compute} is emulated on this CPU (none of {', '.join(HALF_UNITS[compute])} in /proc/cpuinfo): "
                       "several times slower than float32, whose outputs are just as exact (commands' --dtype float32)",
                       RuntimeWarning, stacklevel=2)
-    main_model = load_model(pair.main, compute, device)
+    if dtype == GGUF_DTYPE:  # the GGUF file itself on llama.cpp, with torch's thread count
+        import torch
+
+        from .llamacpp import load_llamacpp
+
+        main_model = load_llamacpp(pair.main, torch.get_num_threads())
+    else:
+        main_model = load_model(pair.main, compute, device)
     assistant_model = load_model(pair.assistant, compute, device) if pair.draft.startswith("model") else None
-    if dtype in WEIGHT_DTYPES:
+    if dtype in TORCH_WEIGHT_DTYPES:
         from .quantize import quantize_model
 
         quantize_model(main_model, dtype)

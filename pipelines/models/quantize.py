@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..devices import WEIGHT_DTYPES
+from ..devices import TORCH_WEIGHT_DTYPES
 
 GROUP_SIZES = (32, 64, 128)  # the int4 kernel's group sizes
 INT4_N_MULTIPLE = 16  # the int4 packing's output-feature granularity
@@ -73,8 +73,8 @@ class QuantizeOptions:
     dense_rows: int | None = None  # products of this many rows run on dequantized weights (None: DENSE_ROWS's; 0: never)
 
     def __post_init__(self) -> None:
-        if self.dtype not in WEIGHT_DTYPES:
-            raise ValueError(f"weight dtype {self.dtype!r}: expected one of {', '.join(WEIGHT_DTYPES)}")
+        if self.dtype not in TORCH_WEIGHT_DTYPES:
+            raise ValueError(f"weight dtype {self.dtype!r}: expected one of {', '.join(TORCH_WEIGHT_DTYPES)}")
         if self.dtype == "int4" and self.group_size not in GROUP_SIZES:
             raise ValueError(f"int4 group size {self.group_size}: expected one of {GROUP_SIZES}")
         if self.dense_rows is not None and self.dense_rows < 0:

@@ -38,7 +38,7 @@ class TextBenchRow:
     tokens_per_call: float | None  # new tokens per main-model forward call (Tandem only)
     speedup: float  # Tandem plain's seconds / this system's seconds
     identical_to_plain: float  # share of prompts with Tandem plain's tokens
-    identical_to_generate: float  # share of prompts with transformers' plain greedy tokens
+    identical_to_generate: float | None  # share of prompts with transformers' plain greedy tokens (None: no such row)
     rouge_l_to_plain: float  # ROUGE-L F of the decoded text against Tandem plain's, averaged over prompts (0-1)
 
 
@@ -117,6 +117,10 @@ def bench_text(task: str, pair_name: str | None = None, limit: int = 4, max_new_
         log(f"  pair {pair.name} has no assistant: transformers assisted and Tandem's model drafters left out")
         del systems["transformers assisted"]
         drafts = tuple(d for d in DRAFTS if not d.startswith("model"))
+    if not hasattr(runner.model, "generate"):  # q4_k_m: the main model is the GGUF file on llama.cpp
+        log(f"  {loaded.dtype}: the main model runs on llama.cpp, not transformers: the transformers rows left out "
+            "(--peers llamacpp gives llama.cpp's own plain decoding of the same file)")
+        systems = {k: v for k, v in systems.items() if not k.startswith("transformers")}
     for draft in drafts:
         engine = engine_for(loaded, draft)
         systems[f"tandem {draft}"] = lambda ps, e=engine: _run_engine(e, gen, ps, max_new_tokens)
@@ -129,7 +133,7 @@ def bench_text(task: str, pair_name: str | None = None, limit: int = 4, max_new_
         results[name] = ([_strip(o, eos) for o in outs], seconds, per_call)
         log(f"  {name}: {seconds:.1f} s")
     plain_outs, plain_s, _ = results["tandem plain"]
-    ref_outs = results["transformers generate"][0]
+    ref_outs = results["transformers generate"][0] if "transformers generate" in results else None
     plain_texts = [runner.tok.decode(o, skip_special_tokens=True) for o in plain_outs]
     rows = []
     for name, (o, s, pc) in results.items():
@@ -137,14 +141,15 @@ def bench_text(task: str, pair_name: str | None = None, limit: int = 4, max_new_
         rows.append(TextBenchRow(task, name, round(s, 2), sum(map(len, o)), round(sum(map(len, o)) / s, 1),
                                  None if pc is None else round(pc, 2), round(plain_s / s, 2),
                                  sum(a == b for a, b in zip(o, plain_outs)) / len(o),
-                                 sum(a == b for a, b in zip(o, ref_outs)) / len(o),
+                                 None if ref_outs is None else sum(a == b for a, b in zip(o, ref_outs)) / len(o),
                                  round(rouge(texts, plain_texts)["rougeL"].value, 4)))
     log(f"{'system':<30}{'seconds':>9}{'tokens':>8}{'tok/s':>7}{'tok/call':>9}{'speedup':>9}{'same as plain':>15}"
         f"{'same as generate':>18}{'ROUGE-L to plain':>18}")
     for r in rows:
         per_call = f"{r.tokens_per_call:.2f}" if r.tokens_per_call is not None else "-"
+        same = "-" if r.identical_to_generate is None else f"{r.identical_to_generate:.0%}"
         log(f"{r.system:<30}{r.seconds:>9.1f}{r.tokens:>8}{r.tokens_per_s:>7.1f}{per_call:>9}{r.speedup:>8.2f}x"
-            f"{r.identical_to_plain:>15.0%}{r.identical_to_generate:>18.0%}{100 * r.rouge_l_to_plain:>18.1f}")
+            f"{r.identical_to_plain:>15.0%}{same:>18}{100 * r.rouge_l_to_plain:>18.1f}")
     write_report({"environment": environment(device), "pair": pair.name, "task": task, "prompts": len(prompts),
                   "rows": [asdict(r) for r in rows]}, json_path, log)
     return rows
