@@ -17,15 +17,16 @@ def _policy(memory: CostMemory) -> Adaptive:
     return policy
 
 
-def _serve(memory: CostMemory, requests: int, rounds: int) -> list[int]:
-    """Lookaheads chosen over ``requests`` short requests of ``rounds`` rounds each (one row)."""
+def _serve(memory: CostMemory, requests: int, rounds: int, accept: bool = True) -> list[int]:
+    """Lookaheads chosen over ``requests`` short requests of ``rounds`` rounds each (one row), every draft
+    accepted (or, ``accept`` False, every one rejected), a draft step costing a fifth of a plain step."""
     chosen = []
     for _ in range(requests):
         policy = Adaptive(1, 8, memory)
         for _ in range(rounds):
             k = policy.next_k(1)[0]
             chosen.append(k)
-            policy.observe([k], [k], 0.003 * k, 0.015 + 0.002 * k, k + 1)  # every draft accepted
+            policy.observe([k], [k if accept else 0], 0.003 * k, 0.015 + 0.002 * k, k + 1)
     return chosen
 
 

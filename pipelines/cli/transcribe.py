@@ -7,8 +7,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..asr.batch import BatchError, BatchJob, BatchRun, plan_batch, run_batch, skipped_line, source_for
 from ..asr.inputs import display
@@ -21,6 +22,9 @@ from ..devices import resolve_dtype
 from ..models.pairs import check_pair
 from ..models.registry import Pair, load_registry
 from ..scale import RayOptions
+
+if TYPE_CHECKING:
+    from ..engine import AssistedDecoder
 
 
 def output_formats(text: str) -> tuple[str, ...]:
@@ -162,8 +166,43 @@ def _progress(bar, start: float) -> Callable[[Transcript], None]:
     return show
 
 
-def summary_lines(run: BatchRun, job: BatchJob, refs: dict[str, str], out: str | None) -> list[str]:
-    """The summary the command prints after a run (files, audio, wall time, acceptance, WER, ...)."""
+def decode_here(job: BatchJob, engines: list[AssistedDecoder]) -> Iterator[Transcript]:
+    """The job's pending files decoded in this process, as ``asr.batch.transcribe_in_process`` does (the pair
+    loaded when the first file is asked for), the drafting engine appended to ``engines`` so that the summary
+    can say what its lookahead policy decided (``drafting_lines``)."""
+    from ..asr.batching import WhisperRunner, transcribe  # (batching's names: tests patch them there)
+
+    if not job.todo:
+        return
+    runner = WhisperRunner(job.pair, job.options.dtype, job.options.device)
+    if job.options.use_assistant:
+        engines.append(runner.loaded.engine)
+    yield from transcribe(job.todo, job.pair, job.options, runner)
+
+
+def drafting_lines(engines: list[AssistedDecoder]) -> list[str]:
+    """When the adaptive lookahead policy stopped drafting (its measured gain over plain decoding fell below 1:
+    ``policies.Adaptive``), one line per kind of decoding (greedy, beam search) and batch-size bucket:
+    "assistant: drafting stopped after round 4 (drafts did not pay at these shapes); 57 of 60 rounds plain,
+    probing now and then", or, when a later probe paid, that it drafted again. Rounds count every
+    request's, in order, since the pair loaded."""
+    lines = []
+    for engine in engines:
+        for memory, kind in ((engine.costs, ""), (engine.beam_costs, "beam search: ")):
+            stopped = {rows: c for rows, c in sorted(memory.buckets.items()) if c.stopped_at is not None}
+            for rows, c in stopped.items():
+                batch = f"batches of up to {rows} rows: " if len(memory.buckets) > 1 else ""
+                tail = (f"{c.plain_rounds} of {c.rounds} rounds plain, probing now and then" if c.drafting_off else
+                        f"a later probe paid and it drafted again; {c.plain_rounds} of {c.rounds} rounds plain")
+                lines.append(f"  assistant:       {kind}{batch}drafting stopped after round {c.stopped_at} (drafts "
+                             f"did not pay at these shapes); {tail}")
+    return lines
+
+
+def summary_lines(run: BatchRun, job: BatchJob, refs: dict[str, str], out: str | None,
+                  engines: list[AssistedDecoder] = ()) -> list[str]:
+    """The summary the command prints after a run (files, audio, wall time, acceptance, WER, ...);
+    ``engines``: the run's drafting engine, whose lookahead policy the summary reports (``drafting_lines``)."""
     from ..quality.metrics import wer
 
     good = [r for r in run.results if r.ok]
@@ -183,6 +222,7 @@ def summary_lines(run: BatchRun, job: BatchJob, refs: dict[str, str], out: str |
     if drafted:
         lines.append(f"  acceptance:      {accepted / drafted:.2f} of {drafted:.0f} drafts, "
                      f"{tokens / max(calls, 1e-9):.2f} tokens per main-model call")
+    lines += drafting_lines(list(engines))
     retried, skipped, dropped = (sum(getattr(r, k) for r in good) for k in ("retried", "skipped", "dropped"))
     if retried or skipped or dropped:
         lines.append(f"  safeguards:      {retried} windows decoded again hotter, {skipped} skipped as silence, "
@@ -270,11 +310,13 @@ def _report(job: BatchJob, ray: RayOptions | None, quiet: bool, refs: dict[str, 
     for line in again_lines(job.again):
         print(f"decoding again: {line}")
     bar = tqdm(total=len(job.todo), unit="file", disable=quiet or not job.todo, file=sys.stderr)
+    engines: list[AssistedDecoder] = []
     try:
-        run = run_batch(job, source_for(job, ray), _progress(bar, time.perf_counter()))
+        run = run_batch(job, source_for(job, ray) if ray else decode_here(job, engines),
+                        _progress(bar, time.perf_counter()))
     finally:
         bar.close()
-    for line in summary_lines(run, job, refs, out):
+    for line in summary_lines(run, job, refs, out, engines):
         print(line)
     if run.interrupted:
         return 130

@@ -97,6 +97,15 @@ class Costs:
     rejected: float = 1.5
     plain_left: int = 0  # rounds of plain decoding left before the next probe (counted across requests)
     plain_wait: int = 16  # the wait after the next failed probe
+    # what the adaptive policy decided, counted across requests (what a run's summary reports)
+    rounds: int = 0  # rounds it chose a lookahead for
+    plain_rounds: int = 0  # of them, rounds it decoded without drafts (waiting, or measuring a plain step)
+    stopped_at: int | None = None  # the round where drafts first did not pay and it stopped drafting
+
+    @property
+    def drafting_off(self) -> bool:
+        """Whether drafting stopped and has not paid since: the policy waits, or probes, plainly."""
+        return self.stopped_at is not None and (self.plain_left > 0 or self.plain_wait > 16)
 
 
 class CostMemory:
@@ -163,22 +172,28 @@ class Adaptive(Policy):
         return min(untimed, default=1)
 
     def next_k(self, rows: int) -> list[int]:
-        self.costs = self.memory.for_rows(rows)
-        if self.rounds >= 1 and (1 not in self.costs.verify_s or self.rounds % 64 == 0):
-            return [0] * rows  # measure a plain step (now and then): the cost every lookahead is compared with
+        c = self.costs = self.memory.for_rows(rows)
+        c.rounds += 1
+        k = self._choose()
+        c.plain_rounds += k == 0
+        return [k] * rows
+
+    def _choose(self) -> int:
+        """This round's lookahead (class docstring), the costs' waits updated."""
         c = self.costs
+        if self.rounds >= 1 and (1 not in c.verify_s or self.rounds % 64 == 0):
+            return 0  # measure a plain step (now and then): the cost every lookahead is compared with
         if c.plain_left > 0:
             c.plain_left -= 1
-            if c.plain_left == 0:
-                return [self.probe_k()] * rows
-            return [0] * rows
+            return self.probe_k() if c.plain_left == 0 else 0
         k, gain = self.best_k()
         if k == 0 or gain < 1.0:
             c.plain_left = c.plain_wait
             c.plain_wait = min(64, c.plain_wait * 2)
-            return [0] * rows
+            c.stopped_at = c.rounds if c.stopped_at is None else c.stopped_at
+            return 0
         c.plain_wait = 16  # drafting pays again: the next failed probe waits the shortest time
-        return [k] * rows
+        return k
 
     def observe(self, drafted, accepted, draft_s, verify_s, chunk) -> None:
         c = self.costs
