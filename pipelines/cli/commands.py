@@ -234,7 +234,7 @@ def cmd_bench_shapes(args: argparse.Namespace) -> int:
                       "width": args.width, "step_costs": [asdict(c) for c in costs]}, args.json, print)
         return 0
     bench_shapes(args.shape, args.tokens, args.rows, acceptances, lookaheads, args.dtype, args.device,
-                 args.assistant_layers, args.json, width=args.width)
+                 args.assistant_layers, args.json, width=args.width, beam_size=args.beam_size)
     return 0
 
 

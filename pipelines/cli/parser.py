@@ -281,6 +281,9 @@ def add_bench_shapes(sub) -> None:
     b.add_argument("--width", type=int, help="the main decoder's pass width, plain and assisted alike (default: the "
                    "device's: 8 on CUDA, by CPU and dtype on a CPU)")
     b.add_argument("--assistant-layers", type=count, default=2, help="decoder layers of the assistant")
+    b.add_argument("--beam-size", type=count, help="beam search, N beams a row (whisper's semantics): plain beam "
+                   "search's tree known to the oracle, each drafted step right for every beam with the acceptance's "
+                   "probability; transformers generate with num_beams N")
     add_dtype(b, "(default: float32 on a CPU, bfloat16 on CUDA)")
     b.add_argument("--step-costs", action="store_true", help="instead: the wall time of one main step, one verify "
                    "pass and one draft step, eager and (CUDA) on the graph fast path, beside their kernel time "

@@ -9,6 +9,14 @@ probability ``acceptance`` (a wrong token after it rejects the rest): the speed-
 real step costs. Side by side in one run: transformers' eager ``generate`` (plain greedy), Tandem plain, and
 Tandem assisted at each acceptance; every assisted output is checked equal to Tandem plain's.
 
+With ``beam_size`` (``--beam-size N``): beam search, whisper's semantics (``engine.beam``), the same systems with
+N beams a row (transformers' ``generate(num_beams=N)``, whose beam search keeps other candidates: timed, not
+compared). The oracle then knows plain beam search's tree (recorded by a first plain run): for each beam it
+proposes the tokens its best child, grandchild, ... got, every drafted step right for all beams with
+probability ``acceptance`` (one draw per step, shared by the beams: a step is kept only when every beam's
+draft is its own continuation). A step plain beam search took by branching (a beam with two children,
+another with none) is never kept whatever the drafts: ``beam steps drafted at best`` counts the others.
+
 The encoder is not timed: its output is a random (rows, 1500, d_model) tensor shared by every system.
 """
 
@@ -20,7 +28,16 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..engine import AssistedDecoder, DecodeOptions, PolicyOptions, Rules, as_decoder, model_drafter
+from ..engine import (
+    AssistedDecoder,
+    BeamOptions,
+    DecodeOptions,
+    PolicyOptions,
+    Rules,
+    as_decoder,
+    beam_generate,
+    model_drafter,
+)
 from ..engine.decoders import EncoderOutput
 from ..engine.drafters import Drafter, DrafterFactory, Drafts
 
@@ -100,8 +117,74 @@ def oracle(inner: DrafterFactory, reference: list[list[int]], acceptance: float,
     return make
 
 
-def _hf_generate(model, hidden: torch.Tensor, tokens: int) -> tuple[float, list[list[int]]]:
-    """transformers' own eager generate (GenerationMixin's, greedy), exactly ``tokens`` new tokens per row."""
+class BeamRecorder(Drafter):
+    """Drafts nothing (the lookahead is 0) and records plain beam search's tree: ``tree[g, seq]`` the token of
+    ``seq``'s best child in input g's beams (row r is one of input r // beam_size's; sequences with the
+    prompt); ``steps`` and ``kept`` the steps taken and those whose new beams are one child of each beam (the
+    only steps drafts can cover)."""
+
+    def __init__(self, beam_size: int) -> None:
+        self.n = beam_size
+        self.tree: dict[tuple[int, tuple[int, ...]], int] = {}
+        self.seqs: list[tuple[int, ...]] = []
+        self.steps = self.kept = 0
+
+    def start(self, prompts, enc, encoder_inputs) -> int:
+        self.seqs = [tuple(p) for p in prompts]
+        return 0
+
+    def draft(self, ks, seqs, gen_lens, sampling, generator, stop_below) -> Drafts:
+        return Drafts([[] for _ in ks], None, 0, 0.0)
+
+    def update(self, drafted, accepted, emitted) -> None:
+        for b, tokens in enumerate(emitted):
+            for t in tokens:
+                self.tree.setdefault((b // self.n, self.seqs[b]), t)  # new beams come best first: the best child
+                self.seqs[b] += (t,)
+
+    def select(self, keep: list[int]) -> None:
+        self.steps += 1
+        self.kept += sorted(keep) == list(range(len(keep)))
+        self.seqs = [self.seqs[i] for i in keep]
+
+
+class BeamOracle(OracleDrafter):
+    """Runs ``inner`` (the real draft cost), then proposes each beam's continuation in plain beam search's tree
+    (``BeamRecorder.tree``), every drafted step right for all beams with probability ``acceptance`` (one draw
+    a step), a wrong token after the first miss."""
+
+    def __init__(self, inner: Drafter, recorder: BeamRecorder, acceptance: float, rng: random.Random,
+                 vocab: int) -> None:
+        super().__init__(inner, [], acceptance, rng, vocab)
+        self.tree, self.n = recorder.tree, recorder.n
+
+    def draft(self, ks, seqs, gen_lens, sampling, generator, stop_below) -> Drafts:
+        d = self.inner.draft(ks, seqs, gen_lens, sampling, generator, stop_below)
+        hit = next((j for j in range(max(ks)) if self.rng.random() >= self.acceptance), max(ks))
+        tokens = []
+        for b, (seq, drafted) in enumerate(zip(seqs, d.tokens)):
+            seq, truth = tuple(seq), []
+            while len(truth) < len(drafted) and (b // self.n, seq) in self.tree:
+                truth.append(self.tree[b // self.n, seq])
+                seq += (truth[-1],)
+            tokens.append(truth[:hit] + [(t + 1) % self.vocab for t in truth[hit:]])
+        return Drafts(tokens, None, d.steps, d.seconds)
+
+    def select(self, keep: list[int]) -> None:
+        self.inner.select(keep)
+
+
+def beam_oracle(inner: DrafterFactory, recorder: BeamRecorder, acceptance: float, vocab: int,
+                seed: int = 0) -> DrafterFactory:
+    def make(rules: Rules, max_new_tokens: int) -> Drafter:
+        return BeamOracle(inner(rules, max_new_tokens), recorder, acceptance, random.Random(seed), vocab)
+
+    return make
+
+
+def _hf_generate(model, hidden: torch.Tensor, tokens: int, beams: int = 1) -> tuple[float, list[list[int]]]:
+    """transformers' own eager generate (GenerationMixin's, greedy or ``beams`` beams), exactly ``tokens`` new
+    tokens per row."""
     from transformers import GenerationMixin
     from transformers.modeling_outputs import BaseModelOutput
 
@@ -110,19 +193,21 @@ def _hf_generate(model, hidden: torch.Tensor, tokens: int) -> tuple[float, list[
     with torch.inference_mode():
         out = GenerationMixin.generate(model, encoder_outputs=BaseModelOutput(last_hidden_state=hidden),
                                        decoder_input_ids=prompt, max_new_tokens=tokens, min_new_tokens=tokens,
-                                       do_sample=False, num_beams=1, eos_token_id=None)
+                                       do_sample=False, num_beams=beams, eos_token_id=None)
     return time.perf_counter() - start, out[:, len(PROMPT):].tolist()
 
 
 def bench_shapes(shape: str = "whisper-base", tokens: int = 64, rows: int = 1, acceptances=(0.6, 0.8, 0.9),
                  lookaheads: tuple[int, ...] = (3,), dtype: str | None = None, device: str = "cpu",
-                 assistant_layers: int = 2, json_path: str | None = None, log=print, width: int | None = None) -> dict:
+                 assistant_layers: int = 2, json_path: str | None = None, log=print, width: int | None = None,
+                 beam_size: int | None = None) -> dict:
     """Every system on the same random encoder output, ``tokens`` new tokens per row (no end-of-sequence:
     the random models run to the length). ``lookaheads``: the drafts per round, one assisted row per lookahead
     and acceptance (a constant policy: a verify over lookahead + 1 columns, in passes of the main decoder's
     width). ``width``: the main decoder's pass width, plain and assisted alike (default: the device's,
-    ``engine.whisper.step_shape``). Returns the report (also written to ``json_path``). ``dtype``: default
-    float32 on a CPU, devices.resolve_dtype's on CUDA."""
+    ``engine.whisper.step_shape``). ``beam_size``: beam search with that many beams a row (module docstring).
+    Returns the report (also written to ``json_path``). ``dtype``: default float32 on a CPU,
+    devices.resolve_dtype's on CUDA."""
     from ..devices import int8_allowed, resolve_dtype
     from ..models.loading import torch_dtype
     from .bench import environment, write_report
@@ -136,7 +221,9 @@ def bench_shapes(shape: str = "whisper-base", tokens: int = 64, rows: int = 1, a
     log(f"environment: {environment(device)}")
     log(f"shape {shape} ({spec['decoder_layers']} decoder layers, d_model {spec['d_model']}, vocabulary "
         f"{spec['vocab_size']}), assistant {assistant_layers} layers, random weights, {dtype}, {rows} row(s), "
-        f"{tokens} tokens, main pass width {width or 'the device default'}; built in {time.perf_counter() - start:.1f} s")
+        f"{tokens} tokens, main pass width {width or 'the device default'}"
+        + (f", beam search {beam_size} beams a row" if beam_size else "")
+        + f"; built in {time.perf_counter() - start:.1f} s")
     torch.manual_seed(2)
     hidden = torch.randn(rows, 1500, spec["d_model"], dtype=dt, device=device)
     enc = EncoderOutput(hidden, None)
@@ -148,26 +235,40 @@ def bench_shapes(shape: str = "whisper-base", tokens: int = 64, rows: int = 1, a
     def run(engine: AssistedDecoder, lookahead: int = 1):
         options = DecodeOptions(max_new_tokens=tokens, policy=PolicyOptions("constant", lookahead))
         begin = time.perf_counter()
-        result = engine.generate(prompts, Rules(), options, encoder_output=enc)
+        if beam_size:
+            result = beam_generate(engine, prompts, Rules(), options, BeamOptions(beam_size), encoder_output=enc)
+        else:
+            result = engine.generate(prompts, Rules(), options, encoder_output=enc)
         return time.perf_counter() - begin, result
 
-    _hf_generate(main_model, hidden, 4)  # warm-up
-    hf_s, _ = _hf_generate(main_model, hidden, tokens)
+    beams = beam_size or 1
+    _hf_generate(main_model, hidden, 4, beams)  # warm-up
+    hf_s, _ = _hf_generate(main_model, hidden, tokens, beams)
     run(AssistedDecoder(main, None))  # warm-up
     plain_s, plain = run(AssistedDecoder(main, None))
     reference = [list(t) for t in plain.tokens]
     out = [ShapeRow("transformers generate (eager)", None, None, hf_s, rows * tokens, None, plain_s / hf_s, 1.0, None),
            ShapeRow("tandem plain", None, None, plain_s, plain.stats.new_tokens, 1.0, 1.0, hf_s / plain_s, None)]
+    recorder = BeamRecorder(beams)
+    if beam_size:  # plain beam search's tree, for the oracle (a lookahead of 0: the recorder drafts nothing)
+        run(AssistedDecoder(main, lambda rules, max_new: recorder), 0)
+        log(f"beam steps drafted at best: {recorder.kept} of {recorder.steps} (the steps whose new beams are one "
+            "child of each beam)")
     # the assistant as pairs load it: the lean draft decoder, int8 weights where the device has the kernels
     draft = model_drafter(as_decoder(assistant, assistant=True, int8=int8_allowed(device)), share_encoder=True, pad_id=0)
     for k in lookaheads:
         for a in acceptances:
-            engine = AssistedDecoder(main, oracle(draft, reference, a, spec["vocab_size"]))
+            make = (beam_oracle(draft, recorder, a, spec["vocab_size"]) if beam_size
+                    else oracle(draft, reference, a, spec["vocab_size"]))
+            engine = AssistedDecoder(main, make)
             run(engine, k)  # warm-up
             seconds, result = run(engine, k)
             s = result.stats
             name = f"tandem assisted, acceptance {a}" + (f", k {k}" if len(lookaheads) > 1 else "")
-            out.append(ShapeRow(name, a, k, seconds, s.new_tokens, s.new_tokens / max(s.row_calls, 1),
+            # beam search: steps a main pass covers, drafted ones (``accepted`` counts each beam's) and its own
+            per_call = ((s.accepted / (beams * rows) + s.main_calls) / max(s.main_calls, 1) if beam_size
+                        else s.new_tokens / max(s.row_calls, 1))
+            out.append(ShapeRow(name, a, k, seconds, s.new_tokens, per_call,
                                 plain_s / seconds, hf_s / seconds, [list(t) for t in result.tokens] == reference))
     log(f"{'system':36s} {'seconds':>8s} {'tok/s':>8s} {'tok/call':>8s} {'vs plain':>8s} {'vs generate':>11s} {'identical':>9s}")
     for r in out:
@@ -175,7 +276,9 @@ def bench_shapes(shape: str = "whisper-base", tokens: int = 64, rows: int = 1, a
         same = f"{'-':>9s}" if r.identical is None else f"{'yes' if r.identical else 'NO':>9s}"
         log(f"{r.system:36s} {r.seconds:8.2f} {r.tokens / r.seconds:8.1f} {tpc} {r.speedup:7.2f}x {r.vs_generate:10.2f}x {same}")
     report = {"environment": environment(device), "shape": shape, "dtype": dtype, "rows": rows, "tokens": tokens,
-              "lookaheads": list(lookaheads), "width": width, "assistant_layers": assistant_layers, "rows_out": [asdict(r) for r in out]}
+              "lookaheads": list(lookaheads), "width": width, "assistant_layers": assistant_layers,
+              "beam_size": beam_size, "beam_steps": [recorder.kept, recorder.steps] if beam_size else None,
+              "rows_out": [asdict(r) for r in out]}
     return write_report(report, json_path, log)
 
 
