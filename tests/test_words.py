@@ -91,6 +91,19 @@ def test_published_heads_are_the_generation_configs(name):
     assert W.alignment_heads(bare) == [tuple(h) for h in gen.alignment_heads]
 
 
+def test_the_next_window_starts_at_the_last_word_as_whispers():
+    from pipelines.asr.options import Segment, Word
+
+    tb = 50365
+    segs = [Segment(30.0, 34.0, "a", words=(Word(30.1, 33.5, " a", 0.9),)),
+            Segment(34.0, 40.0, "b", words=(Word(34.2, 38.73, " b", 0.9),))]
+    two_stamps = [tb, 1, tb + 200, tb + 200, 2, tb + 500, tb + 520, 3]  # ends in an unfinished segment
+    assert W.seek_after_words(segs, two_stamps, tb, 30.0, 10.0) == pytest.approx(8.73)
+    assert W.seek_after_words(segs, [tb, 1, tb + 200, tb + 200, 2, tb + 500], tb, 30.0, 29.5) == 29.5  # single
+    assert W.seek_after_words([], two_stamps, tb, 30.0, 10.0) == 10.0
+    assert W.seek_after_words(segs, two_stamps, tb, 40.0, 10.0) == 10.0  # the last word before the window
+
+
 def _words(transcripts):
     return [[(s.start, s.end, s.text, s.words) for s in t.segments] for t in transcripts]
 

@@ -24,7 +24,7 @@ from .segments import clamp_segments, describe_segments, split_at_pauses, tighte
 from .tracks import first_speech_track
 from .vad import filter_speech, require_vad
 from .windows import WindowReader, decode_fields, in_container_time, is_silent_window, quiet_cut, voiced_frames
-from .words import add_word_timestamps
+from .words import add_word_timestamps, seek_after_words
 
 
 @dataclass
@@ -239,6 +239,7 @@ def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptio
                     runner, enc.hidden[row], piece.sot, pieces, min(3000, len(audio) // 160), offset,
                     piece.language or cur.language,
                     cur.last_speech, options.prepend_punctuations, options.append_punctuations)
+                advance = seek_after_words(segs, tokens, runner.timestamp_begin, offset, advance)
             else:
                 segs = split_at_pauses(tighten_segments(segs, voiced, offset), voiced, offset)
             segs = describe_segments(clamp_segments(segs, offset + length), verdict, options.no_speech_threshold)

@@ -313,3 +313,16 @@ def add_word_timestamps(runner, hidden, sot_sequence: list[int], pieces: list[tu
             last_speech, last_word_end = seg.end, seg.words[-1].end
         out.append(seg)
     return out, last_speech if last_word_end is None else last_word_end
+
+
+def seek_after_words(segments: list[Segment], tokens: list[int], timestamp_begin: int, offset: float,
+                     advance: float) -> float:
+    """Whisper's seek with word timestamps: unless the window's ``tokens`` end with a single timestamp
+    (nothing said after it: the whole window is consumed, ``advance``), the next window starts where the
+    last word of ``segments`` ends, when that is past the window's start ``offset``, not at the last
+    timestamp. Seconds from ``offset``."""
+    single_ending = len(tokens) >= 2 and tokens[-1] >= timestamp_begin > tokens[-2]
+    ends = [w.end for seg in segments for w in seg.words]
+    if single_ending or not ends or ends[-1] <= offset:
+        return advance
+    return ends[-1] - offset
