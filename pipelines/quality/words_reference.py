@@ -21,7 +21,7 @@ import argparse
 import difflib
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 
 from ..asr.options import Segment, TranscribeOptions
@@ -127,6 +127,26 @@ def recording_windows(windows: list[Window]) -> Iterator[None]:
         yield
     finally:
         batching.add_word_timestamps = original
+
+
+@contextmanager
+def whisper_padding(runner) -> Iterator[None]:
+    """While open, ``runner``'s log-mel features pad a window shorter than 30 s as whisper's do: zeros after
+    the transform (transformers' extractor pads the audio before it; the frames of audio are the same). A
+    what-if for the ``transcribe`` layer: Tandem decoding on whisper's features."""
+    original = runner.feats
+
+    def feats(windows):
+        x = original(windows)
+        for i, audio in enumerate(windows):
+            x[i, :, len(audio) // 160:] = 0
+        return x
+
+    runner.feats = feats
+    try:
+        yield
+    finally:
+        del runner.feats
 
 
 @dataclass
@@ -270,6 +290,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--model", help="the pair (default: the registry's asr default)")
     p.add_argument("--layers", default=",".join(LAYERS), help=f"comma-separated, of {', '.join(LAYERS)}")
     p.add_argument("--no-assistant", action="store_true", help="Tandem decodes plainly")
+    p.add_argument("--whisper-padding", action="store_true",
+                   help="what if: Tandem's features pad short windows as whisper's (whisper_padding)")
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args(argv)
     layers = tuple(x for x in args.layers.split(",") if x)
@@ -287,7 +309,8 @@ def main(argv: list[str] | None = None) -> dict:
     totals = {layer: Gaps() for layer in layers}
     files = {}
     for item in items:
-        gaps = compare_file(item["audio_path"], runner, model, options, layers)
+        with whisper_padding(runner) if args.whisper_padding else nullcontext():
+            gaps = compare_file(item["audio_path"], runner, model, options, layers)
         files[item["id"]] = {layer: asdict(g) for layer, g in gaps.items()}
         for layer, g in gaps.items():
             totals[layer].merge(g)
