@@ -4,6 +4,7 @@ equals plain beam search (whisper's and transformers' semantics, fixed and rando
 
 import pytest
 import torch
+from whisper_base import EOT, PROMPT, assistant_name, causal_lm, distilled_shipped, features, strip_eot, whisper_base
 
 from pipelines.engine import (
     AssistedDecoder,
@@ -15,31 +16,19 @@ from pipelines.engine import (
 )
 from pipelines.engine.beam import BeamOptions, WhisperBeams, rank_score
 from pipelines.engine.beam_loop import beam_generate
-from pipelines.models.embedded import ASSISTANTS_DIR, embedded_path
 
-PROMPT = [50258, 50259, 50359, 50363]  # <|startoftranscript|><|en|><|transcribe|><|notimestamps|>
-EOT = 50257
 MAX_NEW = 120
 CLIPS = (1, 4, 10)  # three short speech-real recordings (3.0, 3.3 and 2.8 s)
 
 
 @pytest.fixture(scope="module")
 def setup(speech_real):
-    from transformers import WhisperFeatureExtractor, WhisperForCausalLM, WhisperForConditionalGeneration
-
-    from pipelines.audio import load_audio
-
-    base = embedded_path("whisper-base")
-    main = WhisperForConditionalGeneration.from_pretrained(base, dtype=torch.float32).eval()
-    fe = WhisperFeatureExtractor.from_pretrained(base)
-    x = torch.cat([fe(load_audio(speech_real[i]["audio_path"]), sampling_rate=16000, return_tensors="pt").input_features
-                   for i in CLIPS])
+    main = whisper_base()
+    x = features([speech_real[i]["audio_path"] for i in CLIPS])
     decoder = as_decoder(main)
     enc = decoder.encode(input_features=x)
-    shipped = (ASSISTANTS_DIR / "whisper-base-distilled" / "assistant.json").is_file()
-    name = "whisper-base-distilled" if shipped else "whisper-base-decoder-2l"
-    assistant = WhisperForCausalLM.from_pretrained(embedded_path(name), dtype=torch.float32).eval()
-    drafter = model_drafter(as_decoder(assistant, assistant=shipped), share_encoder=True, pad_id=EOT)
+    drafter = model_drafter(as_decoder(causal_lm(assistant_name()), assistant=distilled_shipped()),
+                            share_encoder=True, pad_id=EOT)
     rules = rules_from_generation_config(main.generation_config, len(PROMPT), MAX_NEW)
     return main, x, AssistedDecoder(decoder, drafter, pad_id=EOT), enc, rules
 
@@ -49,10 +38,6 @@ def _beam(setup, clip, beam, use_drafter=False, policy=PolicyOptions("constant",
     options = DecodeOptions(max_new_tokens=MAX_NEW, use_drafter=use_drafter, policy=policy)
     return beam_generate(engine, [prompt], rules or default_rules, options, beam,
                          encoder_output=enc.select(torch.tensor([clip])))
-
-
-def _strip_eot(tokens):
-    return list(tokens[:-1]) if tokens and tokens[-1] == EOT else list(tokens)
 
 
 SLOW = pytest.mark.slow  # CI runs one clip and one schedule of each kind; -m slow the rest
@@ -65,7 +50,7 @@ def test_plain_beam_equals_transformers_generate(setup, clip):
         ref = main.generate(x[clip : clip + 1], language="en", task="transcribe", num_beams=5,
                             max_new_tokens=MAX_NEW)[0].tolist()
     result = _beam(setup, clip, BeamOptions(5, style="transformers"))
-    assert _strip_eot(result.tokens[0]) == ref
+    assert strip_eot(result.tokens[0]) == ref
     assert result.tokens[0][-1] == EOT
     assert result.stats.drafted == 0
 
@@ -182,3 +167,4 @@ def test_transcribe_with_beams_is_exact_with_the_assistant(speech_real, registry
     clip = next(i for i in speech_real if i["id"] == "goforward")["audio_path"]
     (t,) = transcribe([clip], registry.get("whisper-base+distilled"), TranscribeOptions(compare=True, beam_size=3))
     assert t.identical and "forward" in t.text.lower()
+

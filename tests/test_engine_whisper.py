@@ -6,7 +6,7 @@ from contextlib import contextmanager
 
 import pytest
 import torch
-from transformers import WhisperForCausalLM
+from whisper_base import EOT, PROMPT, assistant_name, causal_lm, distilled_shipped, features, strip_eot, whisper_base
 
 from pipelines.devices import half_is_native
 from pipelines.engine import (
@@ -18,50 +18,32 @@ from pipelines.engine import (
     rules_from_generation_config,
 )
 from pipelines.engine.whisper import CUDA_SHAPE, STEP_SHAPES
-from pipelines.models.embedded import embedded_path
 
-PROMPT = [50258, 50259, 50359, 50363]  # <|startoftranscript|><|en|><|transcribe|><|notimestamps|>
-EOT = 50257
 MAX_NEW = 440
 
 
 @pytest.fixture(scope="module")
 def setup(speech_real):
-    from transformers import WhisperFeatureExtractor, WhisperForCausalLM, WhisperForConditionalGeneration
-
-    from pipelines.audio import load_audio
-
-    base = embedded_path("whisper-base")
-    main = WhisperForConditionalGeneration.from_pretrained(base, dtype=torch.float32).eval()
-    fe = WhisperFeatureExtractor.from_pretrained(base)
-    x = torch.cat([fe(load_audio(i["audio_path"]), sampling_rate=16000, return_tensors="pt").input_features
-                   for i in speech_real])
+    main = whisper_base()
+    x = features([i["audio_path"] for i in speech_real])
     with torch.inference_mode():
         refs = [main.generate(x[i : i + 1], language="en", task="transcribe", do_sample=False, num_beams=1,
                               max_new_tokens=MAX_NEW)[0].tolist() for i in range(len(x))]
     decoder = as_decoder(main)
     enc = decoder.encode(input_features=x)  # once: every configuration below reuses it
-    own = WhisperForCausalLM.from_pretrained(embedded_path("whisper-base-decoder"), dtype=torch.float32).eval()
-    short = WhisperForCausalLM.from_pretrained(embedded_path("whisper-base-decoder-2l"), dtype=torch.float32).eval()
     rules = rules_from_generation_config(main.generation_config, len(PROMPT), MAX_NEW)
     drafters = {
         "none": None,
-        "own-decoder": model_drafter(as_decoder(own), share_encoder=True, pad_id=EOT),
-        "truncated-2l": model_drafter(as_decoder(short), share_encoder=True, pad_id=EOT),
+        "own-decoder": model_drafter(as_decoder(causal_lm("whisper-base-decoder")), share_encoder=True, pad_id=EOT),
+        "truncated-2l": model_drafter(as_decoder(causal_lm("whisper-base-decoder-2l")), share_encoder=True, pad_id=EOT),
     }
-    if _distilled_shipped():
-        distilled = WhisperForCausalLM.from_pretrained(embedded_path("whisper-base-distilled"), dtype=torch.float32).eval()
+    if distilled_shipped():
+        distilled = causal_lm("whisper-base-distilled")
         drafters["distilled"] = model_drafter(as_decoder(distilled), share_encoder=True, pad_id=EOT)
         # the way pairs load it: the lean draft forward, with and without int8 weights
         drafters["distilled-lean"] = model_drafter(as_decoder(distilled, assistant=True), share_encoder=True, pad_id=EOT)
         drafters["distilled-int8"] = model_drafter(as_decoder(distilled, assistant=True, int8=True), share_encoder=True, pad_id=EOT)
     return decoder, enc, refs, rules, drafters
-
-
-def _distilled_shipped() -> bool:
-    from pipelines.models.embedded import ASSISTANTS_DIR
-
-    return (ASSISTANTS_DIR / "whisper-base-distilled" / "assistant.json").is_file()
 
 
 def _run(setup, drafter, policy, batch):
@@ -75,10 +57,6 @@ def _run(setup, drafter, policy, batch):
         outs += [list(t) for t in result.tokens]
         stats.append(result.stats)
     return outs, stats
-
-
-def _strip_eot(tokens):
-    return tokens[:-1] if tokens and tokens[-1] == EOT else tokens
 
 
 # Six configurations in CI cover each drafter and policy kind; the other seven run with -m slow (nightly).
@@ -108,7 +86,7 @@ def test_identical_to_whisper_generate(setup, drafter, policy, batch):
     if drafter not in setup[4]:
         pytest.skip("the distilled assistant is not shipped")
     outs, stats = _run(setup, drafter, policy, batch)
-    assert [_strip_eot(o) for o in outs] == refs
+    assert [strip_eot(o) for o in outs] == refs
     assert all(o[-1] == EOT for o in outs)  # every clip ended by itself, not by the length cap
     total = sum(s.new_tokens for s in stats)
     assert total == sum(len(o) for o in outs)
@@ -164,7 +142,7 @@ def test_two_host_reads_a_round_whatever_the_rows_and_lookahead(setup, rows, mon
         options = DecodeOptions(max_new_tokens=MAX_NEW, policy=PolicyOptions("constant", k))
         with _count_host_reads() as counts:
             result = engine.generate([PROMPT] * rows, rules, options, encoder_output=enc.select(torch.arange(rows)))
-        assert [_strip_eot(list(t)) for t in result.tokens] == refs[:rows]
+        assert [strip_eot(list(t)) for t in result.tokens] == refs[:rows]
         assert result.stats.draft_calls > result.stats.rounds  # several draft steps a round
         assert sum(counts.values()) <= 2 * result.stats.rounds, dict(counts)
 
@@ -176,8 +154,7 @@ def test_device_drafting_proposes_the_host_loops_drafts(setup):
     decoder, enc, refs, rules, drafters = setup
     if "distilled-lean" not in drafters:
         pytest.skip("the distilled assistant is not shipped")
-    lean = as_decoder(WhisperForCausalLM.from_pretrained(embedded_path("whisper-base-distilled"), dtype=torch.float32).eval(),
-                      assistant=True)
+    lean = as_decoder(causal_lm("whisper-base-distilled"), assistant=True)
     for policy in (PolicyOptions("confidence"), PolicyOptions("random", seed=3)):  # stops by probability; ragged ks, some 0
         hists = []
         for device_steps in (True, False):
@@ -185,7 +162,7 @@ def test_device_drafting_proposes_the_host_loops_drafts(setup):
             engine = AssistedDecoder(decoder, model_drafter(lean, share_encoder=True, pad_id=EOT), pad_id=EOT)
             options = DecodeOptions(max_new_tokens=MAX_NEW, policy=policy)
             result = engine.generate([PROMPT] * 3, rules, options, encoder_output=enc.select(torch.arange(3)))
-            assert [_strip_eot(list(t)) for t in result.tokens] == refs[:3]
+            assert [strip_eot(list(t)) for t in result.tokens] == refs[:3]
             s = result.stats
             hists.append((s.drafted, s.accepted, s.accepted_hist, s.rounds, s.draft_calls, result.sum_logprobs))
         assert hists[0] == hists[1], policy
@@ -208,7 +185,7 @@ def test_static_writes_and_pooled_caches_keep_outputs_exact(setup):
         options = DecodeOptions(max_new_tokens=MAX_NEW, policy=PolicyOptions("constant", 3))
         for rows in ([0], [1], [0, 1, 2, 3]):
             result = engine.generate([PROMPT] * len(rows), rules, options, encoder_output=enc.select(torch.tensor(rows)))
-            assert [_strip_eot(list(t)) for t in result.tokens] == [refs[r] for r in rows]
+            assert [strip_eot(list(t)) for t in result.tokens] == [refs[r] for r in rows]
             logprobs.setdefault(make is None, []).append(result.sum_logprobs)
     # past the first round (its prompt goes through a prompt pass) the pass's own graph applies the suppressed
     # ids and chooses (fixed.FixedShapeDecoder.fused_choice): the same log-probabilities, to the bit; no
@@ -279,8 +256,7 @@ def test_static_draft_cache_drafts_as_the_ragged_one(setup):
     from pipelines.engine.whisper import WhisperDecoder
 
     decoder, enc, refs, rules, drafters = setup
-    name = "whisper-base-distilled" if _distilled_shipped() else "whisper-base-decoder-2l"
-    model = WhisperForCausalLM.from_pretrained(embedded_path(name), dtype=torch.float32).eval()
+    model = causal_lm(assistant_name())
     main = WhisperDecoder(decoder.model)
     main.graphs = "eager"
     options = DecodeOptions(max_new_tokens=MAX_NEW, policy=PolicyOptions("constant", 4))
@@ -291,7 +267,7 @@ def test_static_draft_cache_drafts_as_the_ragged_one(setup):
         engine = AssistedDecoder(main, model_drafter(lean, share_encoder=True, pad_id=EOT), pad_id=EOT)
         for rows in ([0], [1], [0, 1, 2, 3], [4, 5, 6, 7]):
             result = engine.generate([PROMPT] * len(rows), rules, options, encoder_output=enc.select(torch.tensor(rows)))
-            assert [_strip_eot(list(t)) for t in result.tokens] == [refs[r] for r in rows], (kind, rows)
+            assert [strip_eot(list(t)) for t in result.tokens] == [refs[r] for r in rows], (kind, rows)
             stats.setdefault(kind, []).append((result.stats.drafted, result.stats.accepted, result.stats.rounds))
     assert stats["static"] == stats["ragged"]
     assert all(0 < a < d for d, a, _ in stats["static"])
@@ -319,8 +295,7 @@ def test_timestamp_rules_in_the_device_draft_loop(setup, windows):
     from pipelines.engine.whisper import WhisperDecoder
 
     decoder, _, _, _, _ = setup
-    name = "whisper-base-distilled" if _distilled_shipped() else "whisper-base-decoder-2l"
-    model = WhisperForCausalLM.from_pretrained(embedded_path(name), dtype=torch.float32).eval()
+    model = causal_lm(assistant_name())
     x, prompts = windows
     gen = decoder.model.generation_config
     with torch.inference_mode():
@@ -367,8 +342,7 @@ def test_a_draft_in_the_models_half_precision_off_the_cpu(setup):
     from pipelines.engine.whisper import WhisperDecoder, WhisperDraftDecoder
 
     decoder, enc, refs, rules, drafters = setup
-    name = "whisper-base-distilled" if _distilled_shipped() else "whisper-base-decoder-2l"
-    model = WhisperForCausalLM.from_pretrained(embedded_path(name), dtype=torch.bfloat16).eval()
+    model = causal_lm(assistant_name(), torch.bfloat16)
     assert WhisperDraftDecoder(model).dtype == torch.float32  # a CPU: float32 activations by default
     lean = WhisperDraftDecoder(model, dtype=torch.bfloat16)
     lean.graphs = "eager"
@@ -379,7 +353,7 @@ def test_a_draft_in_the_models_half_precision_off_the_cpu(setup):
     options = DecodeOptions(max_new_tokens=MAX_NEW, policy=PolicyOptions("constant", 4))
     for rows in ([0], [0, 1, 2, 3]):
         result = engine.generate([PROMPT] * len(rows), rules, options, encoder_output=enc.select(torch.tensor(rows)))
-        assert [_strip_eot(list(t)) for t in result.tokens] == [refs[r] for r in rows], rows
+        assert [strip_eot(list(t)) for t in result.tokens] == [refs[r] for r in rows], rows
         assert result.stats.accepted > 0.4 * result.stats.drafted, result.stats
     cache = next(iter(lean._graph_pool.free.values()))[0]
     assert cache.cache.layers[0].keys.dtype == torch.bfloat16
@@ -401,12 +375,10 @@ def test_encoder_runs_once_and_is_shared(setup):
 def test_lean_draft_forward_matches_the_model(setup):
     """The lean draft forward (fused q/k/v, cross-attention computed once) computes the assistant's own
     logits (as the model's own modules do, to float32 rounding); with int8 weights it stays close enough to propose the same tokens almost always."""
-    from transformers import WhisperForCausalLM
-
     from pipelines.engine.whisper import WhisperDraftDecoder, int8_available
 
     enc = setup[1].select(torch.tensor([0, 1]))
-    model = WhisperForCausalLM.from_pretrained(embedded_path("whisper-base-decoder-2l"), dtype=torch.float32).eval()
+    model = causal_lm("whisper-base-decoder-2l")
     chunks = [PROMPT + [440, 1029, 318], PROMPT + [50257]]
     outs = {}
     with torch.inference_mode():
@@ -428,14 +400,12 @@ def test_lean_draft_forward_matches_the_model(setup):
 
 def test_draft_distribution_over_a_reduced_vocabulary_is_full_size(setup):
     """Sampling with a reduced draft head: q is a distribution over the whole vocabulary, zero outside it."""
-    from transformers import WhisperForCausalLM
-
     from pipelines.engine.drafters import ModelDrafter
     from pipelines.engine.rules import Sampling
 
-    if not _distilled_shipped():
+    if not distilled_shipped():
         pytest.skip("the distilled assistant is not shipped")
-    model = WhisperForCausalLM.from_pretrained(embedded_path("whisper-base-distilled"), dtype=torch.float32).eval()
+    model = causal_lm("whisper-base-distilled")
     dec = as_decoder(model, assistant=True)
     drafter = ModelDrafter(dec, setup[3], MAX_NEW, True, EOT)
     logits = torch.randn(len(dec.vocab_ids))
@@ -451,9 +421,7 @@ def test_whisper_forward_matches_transformers(setup, dtype):
     """Tandem's fixed-shape Whisper forward computes transformers' model: over ragged chunks (prompts of two
     lengths, drafts, an empty row) its logits are within rounding of transformers' own forward and give the
     same argmax."""
-    from transformers import WhisperForConditionalGeneration
-
-    model = WhisperForConditionalGeneration.from_pretrained(embedded_path("whisper-base"), dtype=dtype).eval()
+    model = whisper_base(dtype)
     ours = as_decoder(model)
     enc = setup[1].select(torch.tensor([0, 1]))
     enc = type(enc)(enc.hidden.to(dtype), None)
@@ -493,14 +461,11 @@ def windows(speech_real):
     """Encoder inputs for exactness checks: three real clips, and one dense 30 s window of long-form speech
     (real clips played one after the other) decoded with timestamps and a previous-text prompt."""
     import numpy as np
-    from transformers import WhisperFeatureExtractor
 
     from pipelines.audio import load_audio
 
-    fe = WhisperFeatureExtractor.from_pretrained(embedded_path("whisper-base"))
     clips = [load_audio(i["audio_path"]) for i in speech_real]
-    long = np.concatenate(clips)[: 30 * 16000]
-    x = torch.cat([fe(a, sampling_rate=16000, return_tensors="pt").input_features for a in clips[:3] + [long]])
+    x = features(clips[:3] + [np.concatenate(clips)[: 30 * 16000]])
     previous = [50361, 440, 1029, 318, 257, 1332, 295, 264, 1391, 13]  # <|startofprev|> + earlier text
     prompts = [PROMPT, PROMPT, PROMPT, previous + PROMPT[:3]]  # the long window with timestamps
     return x, prompts
@@ -508,10 +473,8 @@ def windows(speech_real):
 
 @pytest.fixture(scope="module", params=_dtypes(), ids=lambda d: str(d).split(".")[-1])
 def exact_decoder(request, windows):
-    from transformers import WhisperForConditionalGeneration
-
     dtype = request.param
-    model = WhisperForConditionalGeneration.from_pretrained(embedded_path("whisper-base"), dtype=dtype).eval()
+    model = whisper_base(dtype)
     decoder = as_decoder(model)
     with torch.inference_mode():
         enc = decoder.encode(input_features=windows[0])
@@ -613,9 +576,7 @@ def test_every_pass_shape_of_the_table_is_exact(windows, width, transposed):
     whatever machine runs this (float32, the long window alone, a random schedule)."""
     import random
 
-    from transformers import WhisperForConditionalGeneration
-
-    model = WhisperForConditionalGeneration.from_pretrained(embedded_path("whisper-base"), dtype=torch.float32).eval()
+    model = whisper_base()
     decoder = as_decoder(model)
     decoder.width, decoder.head_transposed = width, transposed
     with torch.inference_mode():
@@ -632,7 +593,7 @@ def test_assisted_transcripts_equal_plain(registry, speech_real, dtype, lookahea
     """End to end through the ASR pipeline with the distilled assistant, four files at a time (all twelve) and
     one at a time (the first four: the engine-level checks above cover the schedules in depth; CI time):
     every transcript's tokens equal plain decoding's, whatever the lookahead schedule."""
-    if not _distilled_shipped():
+    if not distilled_shipped():
         pytest.skip("the distilled assistant is not shipped")
     from pipelines.asr import TranscribeOptions, WhisperRunner, transcribe
     from pipelines.engine import parse_policy

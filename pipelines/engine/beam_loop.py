@@ -28,36 +28,27 @@ stops drafting.
 from __future__ import annotations
 
 import time
-from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 import torch
 
 from .beam import BeamOptions, Beams, make_beams
-from .core import AssistedDecoder, DecodeOptions, DecodeResult, DecodeStats
+from .calls import Counters, DecodeOptions, DecodeResult
+from .core import AssistedDecoder
 from .decoders import EncoderOutput
 from .fixed import FixedCache
-from .policies import make_policy
 from .rows import aligned_rows, from_host
 from .rules import Rules, apply_rules
 
 
-@dataclass
-class BeamRound:
-    """The loop state of one ``beam_generate`` call, per physical row r (mutable, never shared)."""
+@dataclass(kw_only=True)
+class BeamRound(Counters):
+    """The loop state of one ``beam_generate`` call, per physical row r (mutable, never shared); ``hist`` counts
+    rounds by the drafted steps they took."""
 
     seqs: list[list[int]]  # prompt + the beam's tokens so far
     pending: list[list[int]]  # tokens the main cache lacks
     gen: int = 0  # tokens generated so far (every beam alike)
-    rounds: int = 0
-    main_calls: int = 0
-    draft_calls: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    hist: Counter = field(default_factory=Counter)  # drafted steps taken in a round -> rounds
-    prompt_logits: torch.Tensor | None = None
 
 
 @torch.inference_mode()
@@ -68,54 +59,28 @@ def beam_generate(engine: AssistedDecoder, prompts: list[list[int]], rules: Rule
     ``options.use_drafter`` and the engine has a drafter (module docstring): per input the winning tokens
     (EOS included where it ended so), their summed log-probability, and the statistics (a row of the
     statistics is an input; drafted and accepted count beam rows' tokens). ``encoder_output`` (inputs, S, D)
-    or ``encoder_inputs`` as ``AssistedDecoder.generate`` takes them; ``options.logits_at`` as there.
-    Raises ValueError for sampling options (beam search is greedy's)."""
+    or ``encoder_inputs`` as ``AssistedDecoder.generate`` takes them; ``options.logits_at`` and
+    ``options.compare_plain`` as there. Raises ValueError for sampling options (beam search is greedy's)."""
     if options.do_sample:
         raise ValueError("beam search does not sample: do_sample must be False")
-    t_start = time.perf_counter()
     groups, n = len(prompts), beam.beam_size
-    rows = groups * n
-    main = engine.main
-    enc, encoder_calls = encoder_output, 0
-    if main.reads_encoder and enc is None:
-        enc = main.encode(**encoder_inputs)
-        encoder_calls = 1
-    per_row = from_host([g for g in range(groups) for _ in range(n)], torch.long, main.device)
-    enc_rows = enc.select(per_row) if enc is not None else None
-    row_prompts = [list(prompts[g]) for g in range(groups) for _ in range(n)]
-    use = options.use_drafter and engine.make_drafter is not None
-    drafter = engine.make_drafter(rules, options.max_new_tokens) if use else None
-    policy = make_policy(options.policy, engine.beam_costs)
-    t0 = time.perf_counter()
-    if drafter is not None:
-        encoder_calls += drafter.start(row_prompts, enc_rows, None)
-    encode_s = time.perf_counter() - t0
+    begun = engine.start(prompts, rules, options, encoder_inputs, encoder_output, engine.beam_costs, beams=n)
+    row_prompts = [list(p) for p in prompts for _ in range(n)]
     beams = make_beams(beam, groups, rules.eos)
-    state = BeamRound([list(p) for p in row_prompts], [list(p) for p in row_prompts])
-    cache = main.new_cache(rows, capacity=max(len(p) for p in prompts) + options.max_new_tokens + 1)
+    state = BeamRound(seqs=[list(p) for p in row_prompts], pending=[list(p) for p in row_prompts])
+    cache = engine.main.new_cache(groups * n, capacity=max(len(p) for p in prompts) + options.max_new_tokens + 1)
     try:
         while not beams.done and state.gen < options.max_new_tokens:
-            _round(engine, state, beams, cache, enc_rows, drafter, policy, rules, options, beam)
+            _round(engine, state, beams, cache, begun.enc, begun.drafter, begun.policy, rules, options, beam)
     finally:
         cache.release()
-        if drafter is not None:
-            drafter.finish()
+        if begun.drafter is not None:
+            begun.drafter.finish()
     best = beams.finalize()
-    total_s = time.perf_counter() - t_start
     tokens = tuple(t for t, _ in best)
-    stats = DecodeStats(
-        rows=groups, new_tokens=sum(len(t) for t in tokens), rounds=state.rounds, main_calls=state.main_calls,
-        draft_calls=state.draft_calls, encoder_calls=encoder_calls, drafted=state.drafted, accepted=state.accepted,
-        accepted_hist=dict(sorted(state.hist.items())), row_calls=state.main_calls * groups, encode_s=encode_s,
-        draft_s=state.draft_s, verify_s=state.verify_s,
-        other_s=max(0.0, total_s - encode_s - state.draft_s - state.verify_s), total_s=total_s)
-    sums = tuple(s for _, s in best)
-    if options.compare_plain and use:
-        plain = beam_generate(engine, prompts, rules, replace(options, use_drafter=False, compare_plain=False),
-                              beam, encoder_output=enc)
-        same = tuple(a == b for a, b in zip(tokens, plain.tokens))
-        return DecodeResult(tokens, stats, same, plain.stats, sums, state.prompt_logits)
-    return DecodeResult(tokens, stats, sum_logprobs=sums, prompt_logits=state.prompt_logits)
+    stats = state.stats(begun, groups, sum(len(t) for t in tokens), state.main_calls * groups)
+    return engine.compared(tokens, stats, tuple(s for _, s in best), state.prompt_logits, options,
+                           lambda plain: beam_generate(engine, prompts, rules, plain, beam, encoder_output=begun.encoded))
 
 
 def _round(engine: AssistedDecoder, state: BeamRound, beams: Beams, cache, enc: EncoderOutput | None, drafter,

@@ -18,83 +18,18 @@ Nothing here knows about audio, files or UI: inputs are encoder inputs (tensors)
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
 from . import rows as row_ops, verify
+from .calls import Counters, DecodeOptions, DecodeResult, DecodeStats, Start
 from .decoders import Decoder, EncoderOutput
 from .drafters import DrafterFactory
 from .policies import CostMemory, PolicyOptions, make_policy
 from .rows import from_host, gather_rows
 from .rules import PAD_GEN_LEN, Rules, Sampling, apply_rules, device_rules_from
-
-
-@dataclass(frozen=True)
-class DecodeOptions:
-    max_new_tokens: int = 128  # per row, the prompt not counted
-    do_sample: bool = False  # False: greedy (lossless); True: speculative sampling (same distribution)
-    sampling: Sampling = Sampling()  # temperature / top-k / top-p when do_sample
-    seed: int | None = None  # sampling seed (a fresh generator per call)
-    policy: PolicyOptions = PolicyOptions()  # how many tokens to draft each round
-    use_drafter: bool = True  # False: plain decoding through the same loop
-    compare_plain: bool = False  # greedy only: also decode plainly and report, per row, identical outputs
-    logits_at: int | None = None  # also return the main model's logits at this prompt index (Whisper's no-speech check)
-
-
-@dataclass(frozen=True)
-class DecodeStats:
-    rows: int  # batch size
-    new_tokens: int  # tokens emitted, all rows
-    rounds: int  # loop iterations
-    main_calls: int  # main-model decoder passes (one per round, however many rows it carries)
-    draft_calls: int  # drafter forward passes
-    encoder_calls: int  # encoder passes, main and assistant together (1 when the encoder output is shared)
-    drafted: int  # draft tokens proposed
-    accepted: int  # draft tokens accepted
-    accepted_hist: dict[int, int] = field(default_factory=dict)  # accepted drafts per (row, round) -> count
-    encode_s: float = 0.0
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    other_s: float = 0.0
-    total_s: float = 0.0
-    row_calls: int = 0  # main-model passes summed over rows: the passes each sequence took part in
-
-    @property
-    def acceptance(self) -> float:
-        """Accepted / proposed draft tokens."""
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def calls_per_token(self) -> float:
-        """Main-model passes per emitted token, per sequence (1.0 for plain decoding at any batch size; lower
-        is better): row_calls / new_tokens."""
-        return self.row_calls / self.new_tokens if self.new_tokens else 0.0
-
-    @property
-    def tokens_per_call(self) -> float:
-        """Tokens a sequence gains per main-model pass: accepted drafts + the main model's own token."""
-        return self.new_tokens / self.row_calls if self.row_calls else 0.0
-
-    def to_dict(self) -> dict:
-        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        out.update(acceptance=self.acceptance, calls_per_token=self.calls_per_token, tokens_per_call=self.tokens_per_call)
-        return out
-
-
-@dataclass(frozen=True)
-class DecodeResult:
-    tokens: tuple[tuple[int, ...], ...]  # per row: the emitted tokens (EOS included when emitted)
-    stats: DecodeStats
-    identical: tuple[bool, ...] | None = None  # with compare_plain: per row, equal to plain greedy decoding
-    plain_stats: DecodeStats | None = None  # with compare_plain: the plain run's statistics
-    # per row: sum over the emitted tokens of log p(token), p = softmax of the main model's logits after the
-    # rules, without temperature (Whisper's sum_logprobs; avg_logprob = sum / len)
-    sum_logprobs: tuple[float, ...] = ()
-    prompt_logits: torch.Tensor | None = None  # with logits_at: (rows, V) float32, the logits at that prompt index
-
 
 OnRound = Callable[[dict[int, list[int]]], Iterable[int] | None]  # generate's per-round report: rows to stop
 
@@ -109,8 +44,8 @@ def seeded_policy(options: DecodeOptions) -> PolicyOptions:
     return options.policy
 
 
-@dataclass
-class Request:
+@dataclass(kw_only=True)
+class Request(Counters):
     """What one ``generate`` call carries from round to round, rows in batch order (``alive[b]``: the original
     index of batch row b; finished rows leave the batch unless the main decoder keeps its shape). Mutable:
     the loop state of one call, never shared."""
@@ -122,21 +57,13 @@ class Request:
     done: list[bool]
     out: list[list[int]]  # per original row: tokens emitted
     logprobs: list[float]  # per original row: sum of log p of the emitted tokens
-    hist: Counter = field(default_factory=Counter)  # accepted drafts per (row, round)
-    rounds: int = 0
-    main_calls: int = 0
-    draft_calls: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    prompt_logits: torch.Tensor | None = None
 
     @classmethod
     def start(cls, prompts: list[list[int]]) -> Request:
         rows = len(prompts)
-        return cls([list(p) for p in prompts], [len(p) for p in prompts], [list(p) for p in prompts],
-                   list(range(rows)), [False] * rows, [[] for _ in range(rows)], [0.0] * rows)
+        return cls(seqs=[list(p) for p in prompts], prompt_lens=[len(p) for p in prompts],
+                   pending=[list(p) for p in prompts], alive=list(range(rows)), done=[False] * rows,
+                   out=[[] for _ in range(rows)], logprobs=[0.0] * rows)
 
     def gen_lens(self) -> list[int]:
         """Tokens generated so far, per batch row."""
@@ -187,25 +114,11 @@ class AssistedDecoder:
         tokens each row emitted in it (``{prompt index: tokens}``, rows that emitted any) and may name rows
         to stop there: they finish as a row that emits EOS does (their output so far is returned), and the
         other rows go on as they would after such a finish (``_stop``)."""
-        t_start = time.perf_counter()
+        begun = self.start(prompts, rules, options, encoder_inputs, encoder_output, self.costs)
         # the seeded generator lives on the model's device, as the distributions it samples from
         generator = torch.Generator(self.main.device).manual_seed(options.seed) if options.seed is not None else None
         sampling = options.sampling if options.do_sample else None
-        use = options.use_drafter and self.make_drafter is not None
-        drafter = self.make_drafter(rules, options.max_new_tokens) if use else None
-        policy = make_policy(seeded_policy(options), self.costs)
-
-        t0 = time.perf_counter()
-        encoder_calls = 0
-        enc = encoder_output
-        if self.main.reads_encoder and enc is None:
-            enc = self.main.encode(**encoder_inputs)
-            encoder_calls += 1
-        if drafter is not None:
-            encoder_calls += drafter.start(prompts, enc, encoder_inputs)
-        encode_s = time.perf_counter() - t0
-        enc_all = enc
-
+        drafter, policy, enc = begun.drafter, begun.policy, begun.enc
         cache = self.main.new_cache(len(prompts), capacity=max(len(p) for p in prompts) + options.max_new_tokens + 1)
         req = Request.start(prompts)
         try:
@@ -230,21 +143,46 @@ class AssistedDecoder:
             cache.release()
             if drafter is not None:
                 drafter.finish()
-        total_s = time.perf_counter() - t_start
-        stats = DecodeStats(
-            rows=len(prompts), new_tokens=sum(len(o) for o in req.out), rounds=req.rounds, main_calls=req.main_calls,
-            draft_calls=req.draft_calls, encoder_calls=encoder_calls, drafted=req.drafted, accepted=req.accepted,
-            accepted_hist=dict(sorted(req.hist.items())), row_calls=sum(req.hist.values()), encode_s=encode_s,
-            draft_s=req.draft_s, verify_s=req.verify_s,
-            other_s=max(0.0, total_s - encode_s - req.draft_s - req.verify_s), total_s=total_s,
-        )
-        tokens = tuple(tuple(o) for o in req.out)
+        stats = req.stats(begun, len(prompts), sum(len(o) for o in req.out), sum(req.hist.values()))
+        return self.compared(tuple(tuple(o) for o in req.out), stats, tuple(req.logprobs), req.prompt_logits, options,
+                             lambda plain: self.generate(prompts, rules, plain, encoder_inputs, begun.encoded))
+
+    def start(self, prompts: list[list[int]], rules: Rules, options: DecodeOptions, encoder_inputs: dict | None,
+              encoder_output: EncoderOutput | None, costs: CostMemory, beams: int | None = None) -> Start:
+        """A decode's prelude, ``generate``'s and beam search's: the main encoder once (unless ``encoder_output``
+        is given), the drafter made (``options.use_drafter`` and a factory) and started on the rows, the lookahead
+        policy (measured ``costs``). ``beams``: beam search's rows, each input's encoder output repeated that
+        many times (input g's beams are rows g * beams ...), the drafter started on those rows from the encoder
+        output alone (``encoder_inputs`` hold one row an input)."""
+        t0 = time.perf_counter()
+        enc, calls = encoder_output, 0
+        if self.main.reads_encoder and enc is None:
+            enc = self.main.encode(**encoder_inputs)
+            calls += 1
+        rows, enc_rows = prompts, enc
+        if beams is not None:
+            rows = [list(p) for p in prompts for _ in range(beams)]
+            if enc is not None:
+                enc_rows = enc.select(from_host([g for g in range(len(prompts)) for _ in range(beams)], torch.long,
+                                                self.main.device))
+        use = options.use_drafter and self.make_drafter is not None
+        drafter = self.make_drafter(rules, options.max_new_tokens) if use else None
+        if drafter is not None:
+            calls += drafter.start(rows, enc_rows, encoder_inputs if beams is None else None)
+        return Start(t0, enc, enc_rows, drafter, make_policy(seeded_policy(options), costs), calls,
+                     time.perf_counter() - t0)
+
+    @staticmethod
+    def compared(tokens: tuple[tuple[int, ...], ...], stats: DecodeStats, sums: tuple[float, ...],
+                 prompt_logits: torch.Tensor | None, options: DecodeOptions,
+                 plain: Callable[[DecodeOptions], DecodeResult]) -> DecodeResult:
+        """A decode's result; with ``options.compare_plain`` (greedy or beam search) also the plain decode's
+        (``plain(options)``, the same call without the drafter), per row whether its tokens are the same."""
         if options.compare_plain and not options.do_sample:
-            plain = self.generate(prompts, rules, replace(options, use_drafter=False, compare_plain=False),
-                                  encoder_inputs, enc_all)
-            same = tuple(a == b for a, b in zip(tokens, plain.tokens))
-            return DecodeResult(tokens, stats, same, plain.stats, tuple(req.logprobs), req.prompt_logits)
-        return DecodeResult(tokens, stats, sum_logprobs=tuple(req.logprobs), prompt_logits=req.prompt_logits)
+            other = plain(replace(options, use_drafter=False, compare_plain=False))
+            same = tuple(a == b for a, b in zip(tokens, other.tokens))
+            return DecodeResult(tokens, stats, same, other.stats, sums, prompt_logits)
+        return DecodeResult(tokens, stats, sum_logprobs=sums, prompt_logits=prompt_logits)
 
     def _draft(self, req: Request, drafter, policy, gen_lens: list[int], options: DecodeOptions,
                sampling: Sampling | None, generator) -> tuple[list[list[int]], list | None, float]:
