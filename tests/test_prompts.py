@@ -79,3 +79,44 @@ def test_a_prompt_past_whispers_limit_is_refused_before_any_weights_load(speech_
     code = main(["transcribe", _clip(speech_real, "goforward"), "--hotwords", "word " * 300])
     err = capsys.readouterr().err
     assert code == 2 and "hotwords is 300 tokens" in err and len(err.strip().splitlines()) == 1
+
+
+def test_prefix_tokens_follow_a_timestamp_when_decoding_with_timestamps():
+    from transformers import WhisperTokenizer
+
+    from pipelines.asr.prompts import prefix_tokens
+    from pipelines.models.embedded import embedded_path
+
+    tokenizer = WhisperTokenizer.from_pretrained(embedded_path("whisper-base"))
+    words = tokenizer.encode(" Go forward ten", add_special_tokens=False)
+    assert prefix_tokens(tokenizer, "  Go forward ten ", None) == words  # whisper's: a leading space, stripped
+    assert prefix_tokens(tokenizer, "Go forward ten", 50364) == [50364, *words]  # <|0.00|> first (faster-whisper's)
+    assert prefix_tokens(tokenizer, " ", 50364) == prefix_tokens(tokenizer, None, 50364) == []
+
+
+@pytest.mark.parametrize("timestamps", [False, True])
+def test_a_prefix_starts_the_transcript_and_assisted_equals_plain(speech_real, registry, timestamps):
+    """faster-whisper's prefix: the first window's text starts with it (here against what the audio says plainly,
+    "Go forward 10 meters."), the model going on from it; with the assistant the same tokens as without."""
+    pair = registry.get("whisper-base+distilled")
+    clip = _clip(speech_real, "goforward")
+    (plain,) = transcribe([clip], pair, TranscribeOptions(compare=True, timestamps=timestamps))
+    (prefixed,) = transcribe([clip], pair, TranscribeOptions(compare=True, timestamps=timestamps,
+                                                             prefix="Go forward ten"))
+    assert plain.text.startswith("Go forward 10")
+    assert prefixed.text.startswith("Go forward ten") and len(prefixed.text) > len("Go forward ten")
+    assert prefixed.segments[0].text.startswith("Go forward ten")
+    assert plain.identical and prefixed.identical
+
+
+def test_a_prefix_and_a_prompt_past_whispers_limit_together_are_one_line_before_weights(speech_real, monkeypatch,
+                                                                                         capsys):
+    from pipelines.cli import main
+    from pipelines.models import pairs
+
+    monkeypatch.setattr(pairs, "load_model", lambda *a, **k: pytest.fail("weights were loaded"))
+    code = main(["transcribe", _clip(speech_real, "goforward"), "--initial-prompt", "word " * 150,
+                 "--prefix", "word " * 100])
+    err = capsys.readouterr().err
+    assert code == 2 and "initial_prompt and prefix together are 250 tokens" in err
+    assert len(err.strip().splitlines()) == 1

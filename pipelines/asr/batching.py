@@ -17,7 +17,7 @@ from ..engine import DecodeStats
 from ..models.registry import Pair
 from .inputs import find_audio
 from .options import DroppedWindow, Progress, Segment, TranscribeOptions, Transcript
-from .prompts import PromptHistory, prompt_tokens, window_prompt
+from .prompts import PromptHistory, prefix_tokens, prompt_tokens, window_prompt
 from .runner import WhisperRunner, check_prompts
 from .safeguards import MIN_AUDIO_SECONDS, decide
 from .segments import clamp_segments, describe_segments, split_at_pauses, tighten_segments, timed_pieces
@@ -116,6 +116,7 @@ class _Piece:
     prompt: list[int] | None  # the decoder's prompt: text prompt (if any), then ``sot``; None until detected
     sot: list[int] | None  # <|startoftranscript|> <|lang|> <|task|> [<|notimestamps|>]; None: language to detect
     encoded: object = None  # its encoder output when language detection already computed it
+    forced: tuple[int, ...] = ()  # the prompt's last tokens, the transcript's start: [<|0.00|>] prefix (prompts.py)
     language: str | None = None  # auto: the language detected on this piece, and its probability
     language_probability: float | None = None
 
@@ -127,10 +128,12 @@ def _auto(runner: WhisperRunner, options: TranscribeOptions) -> bool:
 
 def _with_prompt(runner: WhisperRunner, piece: _Piece, sot: list[int], options: TranscribeOptions) -> _Piece:
     """``piece`` with its start-of-transcript tokens and its decoder prompt: the text prompt (hotwords, the
-    file's text so far) before them (``prompts.window_prompt``)."""
+    file's text so far) before them (``prompts.window_prompt``), and at the file's start the ``prefix`` after them."""
     prompt = window_prompt(sot, runner.sot_prev, prompt_tokens(runner.tokenizer, options.hotwords),
                            piece.cursor.history.tokens)
-    return replace(piece, sot=sot, prompt=prompt)
+    stamp = None if piece.cursor.single else runner.timestamp_begin
+    forced = tuple(prefix_tokens(runner.tokenizer, options.prefix, stamp)) if piece.start == 0 else ()
+    return replace(piece, sot=sot, prompt=prompt + list(forced), forced=forced)
 
 
 def _detect_languages(runner: WhisperRunner, work: dict[bool, list[_Piece]], options: TranscribeOptions) -> None:
@@ -192,13 +195,13 @@ def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptio
     work = _gather(runner, active, options)
     _detect_languages(runner, work, options)
     eot = runner.model.generation_config.eos_token_id
-    # batch rows share the prompt length: one engine call per timestamp mode and prompt length (text prompts
-    # of different lengths, e.g. each file's previous text, decode in calls of their own)
-    groups: dict[tuple[bool, int], list[_Piece]] = {}
+    # batch rows share the prompt length: one engine call per timestamp mode, prompt length and forced prefix
+    # length (text prompts of different lengths, e.g. each file's previous text, decode in calls of their own)
+    groups: dict[tuple[bool, int, int], list[_Piece]] = {}
     for timestamps, pieces in work.items():
         for piece in pieces:
-            groups.setdefault((timestamps, len(piece.prompt)), []).append(piece)
-    for (timestamps, _), items in groups.items():
+            groups.setdefault((timestamps, len(piece.prompt), len(piece.forced)), []).append(piece)
+    for (timestamps, _, _), items in groups.items():
         enc, encode_s = runner.encode_windows([p.audio for p in items], [p.encoded for p in items])
         seeds = [window_seed(p.audio, p.start) for p in items]
         verdicts, calls = decide(runner, enc, [p.prompt for p in items], timestamps, options, seeds)
@@ -216,8 +219,8 @@ def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptio
             if verdict.dropped:
                 cur.dropped_windows.append(DroppedWindow(round(start / SAMPLE_RATE, 2),
                                                          round((start + len(audio)) / SAMPLE_RATE, 2), verdict.reason))
-            tokens = [t for t in verdict.tokens if t != eot]
             kept = not (verdict.skipped or verdict.dropped)
+            tokens = (list(piece.forced) if kept else []) + [t for t in verdict.tokens if t != eot]  # a prefix starts it
             if kept:
                 cur.history.add(tokens, verdict.temperature, options.condition_on_previous_text,
                                 options.prompt_reset_on_temperature)

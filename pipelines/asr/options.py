@@ -47,6 +47,8 @@ class TranscribeOptions:
     hotwords: str | None = None  # before every window (faster-whisper's: names and terms spelled as given)
     condition_on_previous_text: bool = False  # each window also reads the file's text so far (sequential only)
     prompt_reset_on_temperature: float = 0.5  # a window kept above this temperature starts the history anew
+    prefix: str | None = None  # the file's first window's transcript starts with this text (faster-whisper's, part
+    #                            of the output; both models read it, nobody reads its logits)
     audio_track: int | None = None  # which audio stream of a file with several (0-based among its audio
     #                                 streams); None: the first with speech (asr.tracks.first_speech_track)
     # Word-level timestamps (words.py, whisper's method and names): each segment's words, timestamps forced on

@@ -1,12 +1,15 @@
 """Text prompts before a window: ``initial_prompt``, ``hotwords`` and the previous windows' text
-(``condition_on_previous_text``), with openai/whisper's and faster-whisper's semantics.
+(``condition_on_previous_text``), with openai/whisper's and faster-whisper's semantics; and ``prefix``, text the
+file's first window's transcript starts with.
 
 A window's decoder input is ``[<|startofprev|> hotwords previous] <|startoftranscript|> <|lang|> <|task|>
-[<|notimestamps|>]`` (faster-whisper's ``get_prompt``): the prompt is a prefix the model reads as if it had
+[<|notimestamps|>] [prefix]`` (faster-whisper's ``get_prompt``): the prompt is a prefix the model reads as if it had
 been said before; nobody reads its logits, so main model and assistant see the same prefix and the
 engine's exactness does not depend on it. Sources: openai/whisper ``transcribe.py`` (``initial_prompt``,
 ``condition_on_previous_text``, ``prompt_reset_on_temperature``) and ``decoding.py`` (``_get_initial_tokens``:
-the last ``n_text_ctx // 2 - 1`` prompt tokens); faster-whisper ``transcribe.py`` (``hotwords``).
+the last ``n_text_ctx // 2 - 1`` prompt tokens); faster-whisper ``transcribe.py`` (``hotwords``, and ``prefix``:
+the first window only, after ``<|0.00|>`` when decoding with timestamps, and part of the window's tokens, so of
+its text; openai/whisper's ``decode`` leaves the prefix out of the tokens it returns).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ MAX_PROMPT_TOKENS = 223  # Whisper's n_text_ctx // 2 - 1: a prompt keeps at most
 
 
 class PromptTooLongError(TandemError, ValueError):
-    """A text prompt (``initial_prompt``, ``hotwords``) longer than Whisper reads; the message says how long."""
+    """A text prompt (``initial_prompt``, ``hotwords``) or ``prefix`` longer than Whisper reads; the message says
+    how long."""
 
 
 def prompt_tokens(tokenizer, text: str | None) -> list[int]:
@@ -27,6 +31,14 @@ def prompt_tokens(tokenizer, text: str | None) -> list[int]:
     if not text or not text.strip():
         return []
     return list(tokenizer.encode(" " + text.strip(), add_special_tokens=False))
+
+
+def prefix_tokens(tokenizer, text: str | None, timestamp_begin: int | None) -> list[int]:
+    """The tokens a window's transcript is made to start with (``prefix``; faster-whisper's ``get_prompt``): with
+    timestamps (``timestamp_begin``: the id of <|0.00|>) that timestamp, then the text as whisper encodes it
+    (``prompt_tokens``); [] for no text."""
+    tokens = prompt_tokens(tokenizer, text)
+    return [timestamp_begin, *tokens] if tokens and timestamp_begin is not None else tokens
 
 
 @dataclass

@@ -54,24 +54,25 @@ def preflight_language(pair: Pair, options: TranscribeOptions) -> None:
 
 
 def check_prompts(tokenizer, options: TranscribeOptions) -> None:
-    """PromptTooLongError when ``initial_prompt`` or ``hotwords`` (or both, which share one prompt) is longer
-    than Whisper's prompt limit, ``MAX_PROMPT_TOKENS`` tokens of ``tokenizer`` (openai/whisper would keep only
-    the last ones, faster-whisper the first, without a word)."""
-    for name, text in (("initial_prompt", options.initial_prompt), ("hotwords", options.hotwords)):
-        n = len(prompt_tokens(tokenizer, text))
+    """PromptTooLongError when ``initial_prompt``, ``hotwords`` or ``prefix`` (or all of them, which share the
+    first half of Whisper's 448-token context) is longer than ``MAX_PROMPT_TOKENS`` tokens of ``tokenizer``
+    (openai/whisper would keep only the last prompt tokens, faster-whisper the first, without a word)."""
+    texts = {"initial_prompt": options.initial_prompt, "hotwords": options.hotwords, "prefix": options.prefix}
+    counts = {name: len(prompt_tokens(tokenizer, text)) for name, text in texts.items()}
+    for name, n in counts.items():
         if n > MAX_PROMPT_TOKENS:
             raise PromptTooLongError(f"{name} is {n} tokens; Whisper reads at most {MAX_PROMPT_TOKENS} (half its "
                                      f"448-token context, less one): shorten it")
-    both = len(prompt_tokens(tokenizer, options.initial_prompt)) + len(prompt_tokens(tokenizer, options.hotwords))
-    if both > MAX_PROMPT_TOKENS:
-        raise PromptTooLongError(f"initial_prompt and hotwords together are {both} tokens; Whisper's prompt holds "
-                                 f"at most {MAX_PROMPT_TOKENS}: shorten one")
+    given = [name for name, n in counts.items() if n]
+    if sum(counts.values()) > MAX_PROMPT_TOKENS:
+        raise PromptTooLongError(f"{' and '.join(given)} together are {sum(counts.values())} tokens; Whisper's "
+                                 f"prompt holds at most {MAX_PROMPT_TOKENS}: shorten one")
 
 
 def preflight_prompts(pair: Pair, options: TranscribeOptions) -> None:
     """``check_prompts`` with the main model's tokenizer alone, before any weights load (a model whose
     tokenizer cannot be had here is left to loading, which says why)."""
-    if not (options.initial_prompt or options.hotwords):
+    if not (options.initial_prompt or options.hotwords or options.prefix):
         return
     from ..models.loading import ModelUnavailableError, load_tokenizer
 
@@ -165,13 +166,22 @@ class WhisperRunner:
             tokens += [gen.lang_to_id[key], gen.task_to_id[task]]
         return tokens if timestamps else tokens + [gen.no_timestamps_token_id]
 
-    def rules(self, prompt_len: int, timestamps: bool, max_new: int) -> Rules:
+    def rules(self, prompt_len: int, timestamps: bool, max_new: int, forced: int = 0) -> Rules:
+        """The decoding rules after a prompt of ``prompt_len`` tokens whose last ``forced`` are a forced prefix
+        ([<|0.00|>] and ``prefix``'s text, ``forced_len``): the timestamp rules count them as generated, as
+        faster-whisper's forced prefix is; the others start after them (openai/whisper's ``sample_begin``)."""
         from dataclasses import replace
 
-        rules = rules_from_generation_config(self.model.generation_config, prompt_len, max_new)
+        gen = self.model.generation_config
+        rules = rules_from_generation_config(gen, prompt_len, max_new)
         if timestamps:
-            rules = replace(rules, timestamps=TimestampRules.from_generation_config(self.model.generation_config, prompt_len))
+            rules = replace(rules, timestamps=TimestampRules.from_generation_config(gen, prompt_len - forced))
         return rules
+
+    def forced_len(self, prompt: list[int], timestamps: bool) -> int:
+        """The tokens of a window's ``prompt`` after its start-of-transcript sequence: its forced prefix."""
+        sot = self.model.generation_config.decoder_start_token_id
+        return len(prompt) - prompt.index(sot) - len(self.prompt("en", "transcribe", timestamps))
 
     def feats(self, windows: list[np.ndarray]):
         """Whisper's log-mel features of ``windows`` (each at most 30 s at 16 kHz, padded to it): (windows, 80
@@ -209,11 +219,12 @@ class WhisperRunner:
 
     def decode_encoded(self, enc: EncoderOutput, prompts: list[list[int]], timestamps: bool, options: TranscribeOptions,
                        temperature: float = 0.0, seed: int | None = None, no_speech: bool = False):
-        """One engine call over encoded windows of several files (same prompt length): greedy at temperature 0
-        (with compare, also plainly), or beam search with ``options.beam_size``; else speculative sampling at
-        ``temperature``, ``options.best_of`` samples a window with the best kept (``best_of``). ``no_speech``:
-        also return the logits at <|startoftranscript|> (``no_speech_probs``)."""
-        rules = self.rules(len(prompts[0]), timestamps, options.max_new_tokens)
+        """One engine call over encoded windows of several files (of one prompt length and one forced prefix
+        length, ``forced_len``): greedy at temperature 0 (with compare, also plainly), or beam search with
+        ``options.beam_size``; else speculative sampling at ``temperature``, ``options.best_of`` samples a window
+        with the best kept (``best_of``). ``no_speech``: also return the logits at <|startoftranscript|>
+        (``no_speech_probs``)."""
+        rules = self.rules(len(prompts[0]), timestamps, options.max_new_tokens, self.forced_len(prompts[0], timestamps))
         sampled = temperature > 0
         decode_options = DecodeOptions(max_new_tokens=options.max_new_tokens, policy=options.policy, do_sample=sampled,
                                        sampling=Sampling(temperature=temperature) if sampled else Sampling(), seed=seed,

@@ -17,6 +17,7 @@ from .arguments import (
     add_dtype,
     add_lookahead,
     add_model,
+    add_prompts,
     add_report,
     add_search,
     add_words,
@@ -140,22 +141,6 @@ def add_transcribe(sub) -> None:
     add_words(p)
     add_ray(p)
     p.set_defaults(func=cmd_transcribe)
-
-
-def add_prompts(p: argparse.ArgumentParser) -> None:
-    """Text prompts before a window, with openai/whisper's and faster-whisper's names (asr/prompts.py)."""
-    p.add_argument("--initial-prompt", metavar="TEXT", help="text the model reads before the first window, as if "
-                   "said before it: names and terms spelled as you want them, a style of punctuation")
-    p.add_argument("--hotwords", metavar="TEXT", help="text read before every window (faster-whisper's hotwords): "
-                   "rare names and terms, spelled as the transcript should spell them")
-    p.add_argument("--condition-on-previous-text", action=argparse.BooleanOptionalAction, default=False,
-                   help="each window of a long file also reads the file's text so far; sequential long-form "
-                        "only. Off by default (whisper's is on): on speech-long it moved WER from 4.33%% to 4.24%% "
-                        "but the assistant, trained without prompts, drafted 1.64 tokens per main call instead of "
-                        "2.96, and decoding took 1.76x as long (docs/transcription.md)")
-    p.add_argument("--prompt-reset-on-temperature", type=float, default=0.5, metavar="T",
-                   help="with --condition-on-previous-text: a window kept at a fallback temperature above T "
-                        "starts the previous text anew")
 
 
 def add_safeguards(p: argparse.ArgumentParser) -> None:

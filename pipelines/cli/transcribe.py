@@ -51,7 +51,7 @@ def transcribe_options(args: argparse.Namespace, formats: tuple[str, ...]) -> Tr
             timestamps=args.timestamps or bool(args.out) and any(f in TIMED for f in formats),
             temperature=args.temperature, compression_ratio_threshold=args.compression_ratio_threshold,
             logprob_threshold=args.logprob_threshold, no_speech_threshold=args.no_speech_threshold,
-            vad_filter=args.vad_filter, initial_prompt=args.initial_prompt, hotwords=args.hotwords,
+            vad_filter=args.vad_filter, initial_prompt=args.initial_prompt, hotwords=args.hotwords, prefix=args.prefix,
             condition_on_previous_text=args.condition_on_previous_text,
             prompt_reset_on_temperature=args.prompt_reset_on_temperature, audio_track=args.audio_track,
             word_timestamps=args.word_timestamps, prepend_punctuations=args.prepend_punctuations,
