@@ -168,3 +168,42 @@ def test_transcribe_with_beams_is_exact_with_the_assistant(speech_real, registry
     (t,) = transcribe([clip], registry.get("whisper-base+distilled"), TranscribeOptions(compare=True, beam_size=3))
     assert t.identical and "forward" in t.text.lower()
 
+
+def test_best_of_draws_n_samples_at_a_fallback_and_keeps_whispers_best(speech_real, base_runner, monkeypatch):
+    """A greedy window that fails the log-probability check (a threshold of 0 fails every decode) falls back to
+    temperature 1.0, where best_of 5 draws five samples of the window in one seeded call and keeps the one with
+    the highest sum_logprob / length (tokens without EOT): recomputed here from every sample the call drew. Fails
+    where best_of is ignored (one sample a window) or the first sample is kept whatever its score."""
+    from pipelines.asr import TranscribeOptions
+    from pipelines.asr.safeguards import decide
+    from pipelines.audio import load_audio
+
+    engine = base_runner.loaded.engine
+    sampled = []  # every sampled engine call: (prompts, options, result)
+    generate = engine.generate
+
+    def spy(prompts, rules, options, **kwargs):
+        result = generate(prompts, rules, options, **kwargs)
+        if options.do_sample:
+            sampled.append((prompts, options, result))
+        return result
+
+    monkeypatch.setattr(engine, "generate", spy)
+    clips = [c for c in speech_real if c["id"] in ("goforward", "forever", "cards-005")]
+    enc, _ = base_runner.encode_windows([load_audio(c["audio_path"]) for c in clips])
+    prompt = base_runner.prompt("en", "transcribe", timestamps=False)
+    options = TranscribeOptions(temperature=(0.0, 1.0), best_of=5, logprob_threshold=0.0,
+                                compression_ratio_threshold=None, no_speech_threshold=None)
+    verdicts, calls = decide(base_runner, enc, [prompt] * len(clips), False, options, seeds=[11, 12, 13])
+    assert [v.retried for v in verdicts] == [1] * len(clips)  # each window fell back once
+    assert len(sampled) == len(clips)  # one sampled call a window
+    first_kept = 0
+    for (prompts, decode_options, drawn), (rows, kept) in zip(sampled, calls[1:]):
+        assert len(prompts) == 5 and decode_options.sampling.temperature == 1.0 and decode_options.seed is not None
+        samples = [list(t) for t in drawn.tokens]
+        assert len({tuple(s) for s in samples}) > 1  # five draws, not one drawn five times
+        scores = [s / max(1, len([t for t in toks if t != EOT])) for s, toks in zip(drawn.sum_logprobs, samples)]
+        best = max(range(5), key=scores.__getitem__)
+        assert list(kept.tokens[0]) == samples[best] and kept.sum_logprobs[0] == drawn.sum_logprobs[best]
+        first_kept += best == 0
+    assert first_kept < len(clips)  # the ranking chose: not always the first sample
