@@ -182,3 +182,32 @@ def add_prompts(p: argparse.ArgumentParser) -> None:
                    help="with --condition-on-previous-text: a window kept at a fallback temperature above T "
                         "starts the previous text anew")
 
+
+WHISPER_SPELLINGS = (  # openai/whisper's command line spells these with underscores (the others as Tandem does)
+    "--initial-prompt", "--condition-on-previous-text", "--prompt-reset-on-temperature", "--beam-size", "--best-of",
+    "--length-penalty", "--compression-ratio-threshold", "--logprob-threshold", "--no-speech-threshold",
+    "--word-timestamps", "--prepend-punctuations", "--append-punctuations", "--highlight-words", "--max-line-width",
+    "--max-line-count", "--max-words-per-line",
+)
+
+
+def flag_value(text: str) -> bool:
+    """An on/off option's value in openai/whisper's spelling (``--word_timestamps True``): True or False, any case."""
+    value = {"true": True, "false": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected True or False, not {text!r}")
+    return value
+
+
+def add_whisper_spellings(parser: argparse.ArgumentParser) -> None:
+    """openai/whisper's underscore spellings of ``WHISPER_SPELLINGS`` (``--beam_size 5``), as aliases left out of
+    ``--help``: a valued option takes the same values; an on/off one takes whisper's ``True``/``False`` after it
+    (bare, it turns the option on). Call after the options are added."""
+    for name in WHISPER_SPELLINGS:
+        action = parser._option_string_actions[name]  # (argparse's table of option strings)
+        alias = "--" + name[2:].replace("-", "_")
+        if action.nargs == 0:  # a flag: store_true or --x/--no-x
+            add_alias(parser, alias, dest=action.dest, nargs="?", const=True, type=flag_value, metavar="BOOL")
+        else:
+            add_alias(parser, alias, dest=action.dest, type=action.type, choices=action.choices, metavar=action.metavar)
+

@@ -20,6 +20,7 @@ from .arguments import (
     add_prompts,
     add_report,
     add_search,
+    add_whisper_spellings,
     add_words,
     count,
     port,
@@ -140,6 +141,7 @@ def add_transcribe(sub) -> None:
     add_search(p)
     add_words(p)
     add_ray(p)
+    add_whisper_spellings(p)
     p.set_defaults(func=cmd_transcribe)
 
 
