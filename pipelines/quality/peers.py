@@ -153,11 +153,13 @@ def _run_step(what: str, command: list[str], env: dict[str, str] | None = None) 
 def ov_export_bin(log=print) -> Path:
     """The ``bin`` folder of the OpenVINO export venv, ``<cache>/venvs/ov-export``: made on first use (minutes)
     with ``python -m venv``, ``pip install OV_EXPORT_PINS`` (pip's own index and find-links settings apply) and
-    ``pip uninstall OV_EXPORT_REMOVED``, made again when its stamp lists other pins. Raises ``PeerUnavailable`` when a step fails."""
+    ``pip uninstall OV_EXPORT_REMOVED``, made again when its stamp lists other pins. Raises ``PeerUnavailable``
+    when a step fails."""
     from .. import paths
 
     venv = paths.cache_root() / "venvs" / "ov-export"
-    stamp, wanted = venv / "tandem-pins.txt", "\n".join(OV_EXPORT_PINS + tuple(f"-{r}" for r in OV_EXPORT_REMOVED)) + "\n"
+    stamp = venv / "tandem-pins.txt"
+    wanted = "\n".join(OV_EXPORT_PINS + tuple(f"-{r}" for r in OV_EXPORT_REMOVED)) + "\n"
     with paths.build_lock(venv):
         if not (stamp.is_file() and stamp.read_text() == wanted):
             log(f"  openvino: making the export venv {paths.display(venv)}: pip install {' '.join(OV_EXPORT_PINS)}")
