@@ -70,5 +70,5 @@ def test_words_agree_with_openai_whisper_on_speech_real(tmp_path):
     pytest.importorskip("whisper")
     report = R.main(["--set", "speech-real", "--layers", "method", "--json", str(tmp_path / "words.json")])
     total = report["totals"]["method"]
-    assert total["words"] > 150 and total["same_words"] == total["words"]
+    assert total["words"] >= 100 and total["same_words"] == total["words"]
     assert total["within_fine"] >= 0.95 * total["words"] and total["within_coarse"] == total["words"]
