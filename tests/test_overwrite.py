@@ -173,3 +173,29 @@ def test_a_track_asked_for_is_another_record_than_the_automatic_choice():
 
     auto, first, second = (run_signature("p", TranscribeOptions(audio_track=t)) for t in (None, 0, 1))
     assert len({auto, first, second}) == 3
+
+
+@pytest.mark.parametrize("change", [
+    {"initial_prompt": "Glossary: metres."}, {"hotwords": "metres"}, {"prefix": "Go"},
+    {"condition_on_previous_text": True}, {"beam_size": 5}, {"beam_size": 5, "patience": 2.0},
+    {"beam_size": 5, "length_penalty": 0.5}, {"best_of": 5},
+])
+def test_prompts_and_search_make_another_record(change):
+    # each changes the transcript, so a record made without it must not pass for one made with it (and a folder
+    # written before these options existed keeps its signature: the defaults add nothing)
+    from pipelines.asr.options import TranscribeOptions
+    from pipelines.asr.outputs import run_signature
+
+    assert run_signature("p", TranscribeOptions(**change)) != run_signature("p", TranscribeOptions())
+
+
+def test_the_history_reset_counts_only_with_conditioning():
+    from pipelines.asr.options import TranscribeOptions
+    from pipelines.asr.outputs import run_signature
+
+    def signature(**options):
+        return run_signature("p", TranscribeOptions(**options))
+
+    assert signature(prompt_reset_on_temperature=0.2) == signature()  # no history to reset: the same output
+    assert signature(condition_on_previous_text=True, prompt_reset_on_temperature=0.2) != signature(
+        condition_on_previous_text=True)

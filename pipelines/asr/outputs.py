@@ -94,6 +94,14 @@ def run_signature(pair_name: str, options, subtitles: SubtitleOptions = Subtitle
         keys["device"] = options.device
     if getattr(options, "audio_track", None) is not None:  # a track asked for, 0 included: the automatic
         keys["audio_track"] = options.audio_track  # choice (None, the first with speech) may read another
+    # prompts and search (issue 52's options), each only when set: records written before they existed keep theirs
+    decoding = {"initial_prompt": None, "hotwords": None, "prefix": None, "condition_on_previous_text": False,
+                "beam_size": None, "patience": None, "length_penalty": None, "best_of": None}
+    for name, default in decoding.items():
+        if getattr(options, name, default) != default:
+            keys[name] = getattr(options, name)
+    if getattr(options, "condition_on_previous_text", False):  # when the history starts anew
+        keys["prompt_reset_on_temperature"] = options.prompt_reset_on_temperature
     if getattr(options, "word_timestamps", False):  # words, and segments bounded by them
         keys["words"] = [options.prepend_punctuations, options.append_punctuations]
     if subtitles.any:  # another layout of the srt and vtt cues
