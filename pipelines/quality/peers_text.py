@@ -31,17 +31,15 @@ OPENVINO_TEXT_FORMATS = ("int8", "int4")  # optimum-cli's --weight-format (what 
 
 
 def joined_gguf(name: str) -> Path:
-    """The GGUF file of embedded text model ``name``, its registry parts joined once into the cache (size and
-    sha256 checked against the pinned ones). Raises ``PeerUnavailable`` when ``name`` is not one."""
-    from .. import paths
-    from ..models.cache import build_into
-    from ..models.embedded_gguf import GGUF, GGUF_NAME, join_parts
+    """The GGUF file of embedded text model ``name`` (``models.llamacpp.gguf_file``: its registry parts joined once
+    into the cache, size and sha256 checked). Raises ``PeerUnavailable`` when ``name`` is not one."""
+    from ..models.embedded_gguf import GGUF
+    from ..models.llamacpp import gguf_file
+    from ..models.loading import ModelRef
 
     if name not in GGUF:
         raise PeerUnavailable(f"{name} is not a GGUF model Tandem ships: llama.cpp reads those only")
-    spec = GGUF[name]
-    final = paths.models_dir() / f"{name}-gguf"
-    return build_into(final, lambda tmp: join_parts(spec, tmp / GGUF_NAME), spec.sha256, GGUF_NAME) / GGUF_NAME
+    return gguf_file(ModelRef("embedded", name))
 
 
 def _greedy(llm, prompt: list[int], limit: int, stop: tuple[int, ...]) -> list[int]:
