@@ -115,15 +115,15 @@ def _type_and_leave(page, label: str, text: str, title: str) -> None:
 
 
 def _long_clip(items, folder: Path) -> Path:
-    """About 70 s of speech (clips joined, the set repeated once past 40 s): three 30 s windows, so a Stop lands
-    mid-way. A window holding a clip twice would read as a repetition loop to the compression check (and fall back
+    """About 300 s of speech (clips joined, the set repeated past 40 s): ten 30 s windows, so a Stop lands
+    mid-way even on an idle machine (70 s was decoded before the click on one). A window holding a clip twice would read as a repetition loop to the compression check (and fall back
     through five temperatures), so the set is repeated only at its end."""
     import numpy as np
     import soundfile as sf
 
     clips = [sf.read(set_dir("speech-real") / it["audio"], dtype="float32")[0] for it in items]
     audio = np.concatenate(clips)
-    audio = np.tile(audio, int(np.ceil(70 * 16000 / len(audio))))[: 70 * 16000]
+    audio = np.tile(audio, int(np.ceil(300 * 16000 / len(audio))))[: 300 * 16000]
     path = folder / "long.wav"
     sf.write(path, audio, 16000)
     return path
