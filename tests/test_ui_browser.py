@@ -116,8 +116,9 @@ def _type_and_leave(page, label: str, text: str, title: str) -> None:
 
 def _long_clip(items, folder: Path) -> Path:
     """About 300 s of speech (clips joined, the set repeated past 40 s): ten 30 s windows, so a Stop lands
-    mid-way even on an idle machine (70 s was decoded before the click on one). A window holding a clip twice would read as a repetition loop to the compression check (and fall back
-    through five temperatures), so the set is repeated only at its end."""
+    mid-way even on an idle machine (70 s was decoded before the click on one). A window holding a clip twice
+    would read as a repetition loop to the compression check (and fall back through five temperatures), so the
+    set is repeated only at its end."""
     import numpy as np
     import soundfile as sf
 
