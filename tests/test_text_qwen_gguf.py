@@ -4,18 +4,18 @@ for bit (drafts of every length, a pass split in two, rejected drafts rewritten)
 translations equal plain ones token for token. Needs the `text` extra and llama-cpp-python (the `gguf` extra):
 skipped with the reason otherwise."""
 
-from dataclasses import replace
 from importlib.util import find_spec
 
 import pytest
 import torch
 from test_quantize import verify_pass_and_plain_steps
 from test_text_qwen import DOCUMENT, pytestmark as text_marks
+from test_text_qwen_quantized import summary_and_translation_assisted_equal_plain
 
 from pipelines.devices import DeviceError, resolve_dtype
-from pipelines.models.pairs import engine_for, load_pair
+from pipelines.models.pairs import load_pair
 from pipelines.models.registry import RegistryError, load_registry
-from pipelines.text import TextOptions, TextRunner
+from pipelines.text import TextRunner
 
 pytestmark = text_marks + [
     pytest.mark.skipif(find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed: pip install -e '.[gguf]'"),
@@ -57,14 +57,7 @@ def test_a_rejected_draft_leaves_no_trace(summarizer):
 
 
 def test_summary_and_translation_assisted_equal_plain(summarizer):
-    result = summarizer.summarize(DOCUMENT, TextOptions(compare=True, max_new_tokens=24))
-    assert result.identical is True and result.drafted > 0 and result.tokens >= 12
-    pair = load_registry().get("qwen2.5-coder-1.5b+0.5b-translate")
-    loaded = summarizer.loaded  # the same models: no second load
-    runner = TextRunner(pair, loaded=replace(loaded, pair=pair, engine=engine_for(loaded, pair.draft)))
-    result = runner.translate("The train leaves at seven. Where is the library?",
-                              TextOptions(src="en", tgt="de", compare=True, max_new_tokens=16, batch_size=2))
-    assert result.rows == 2 and result.identical is True and "Zug" in result.output
+    summary_and_translation_assisted_equal_plain(summarizer)
 
 
 def test_q4_k_m_is_refused_before_loading_where_it_cannot_run():

@@ -35,13 +35,20 @@ def test_one_verify_pass_gives_the_logits_of_plain_steps(summarizer):
     assert torch.equal(verify, plain)
 
 
-def test_summary_and_translation_assisted_equal_plain(summarizer):
-    result = summarizer.summarize(DOCUMENT, TextOptions(compare=True, max_new_tokens=24))
-    assert result.identical is True and result.drafted > 0 and result.tokens >= 12
-    assert "council" in result.output.lower() or "budget" in result.output.lower()
+def summary_and_translation_assisted_equal_plain(summarizer):
+    """A summary and a two-sentence translation with the assistant equal plain decoding in ``summarizer``'s
+    dtype (the translate pair reuses its loaded models). Returns the summary."""
+    summary = summarizer.summarize(DOCUMENT, TextOptions(compare=True, max_new_tokens=24))
+    assert summary.identical is True and summary.drafted > 0 and summary.tokens >= 12
     pair = load_registry().get("qwen2.5-coder-1.5b+0.5b-translate")
     loaded = summarizer.loaded  # the same models: no second load
     runner = TextRunner(pair, loaded=replace(loaded, pair=pair, engine=engine_for(loaded, pair.draft)))
     result = runner.translate("The train leaves at seven. Where is the library?",
                               TextOptions(src="en", tgt="de", compare=True, max_new_tokens=16, batch_size=2))
     assert result.rows == 2 and result.identical is True and "Zug" in result.output
+    return summary
+
+
+def test_summary_and_translation_assisted_equal_plain(summarizer):
+    summary = summary_and_translation_assisted_equal_plain(summarizer)
+    assert "council" in summary.output.lower() or "budget" in summary.output.lower()
