@@ -115,7 +115,7 @@ def _transcribe(client, path: Path, **kwargs):
         return client.audio.transcriptions.create(model=PAIR, file=f, language="en", **kwargs)
 
 
-def test_every_format_equals_tandem_transcribe(server, clips, alone):
+def test_every_format_equals_tandem_transcribe(server, asr, clips, alone):
     from pipelines.asr.outputs import format_srt
 
     client = server.client()
@@ -134,8 +134,20 @@ def test_every_format_equals_tandem_transcribe(server, clips, alone):
     verbose = _transcribe(client, clips[0], response_format="verbose_json", timestamp_granularities=["segment"])
     assert verbose.text == timed.text and verbose.language == "english"
     assert [(s.start, s.end, s.text) for s in verbose.segments] == [(s.start, s.end, s.text) for s in timed.segments]
-    with pytest.raises(openai.BadRequestError, match="word"):
-        _transcribe(client, clips[0], response_format="verbose_json", timestamp_granularities=["word"])
+    # word timestamps: OpenAI's top-level words, each as tandem transcribe --word-timestamps gives it
+    from pipelines.asr import TranscribeOptions, transcribe
+
+    runner, pair = asr
+    timed_words = next(transcribe([clips[0]], pair, TranscribeOptions(word_timestamps=True, batch_size=1),
+                                  runner=runner))
+    expected = [(w.word.strip(), w.start, w.end) for s in timed_words.segments for w in s.words]
+    assert expected
+    verbose = _transcribe(client, clips[0], response_format="verbose_json", timestamp_granularities=["word", "segment"])
+    assert [(w.word, w.start, w.end) for w in verbose.words] == expected and verbose.text == timed_words.text
+    with pytest.raises(openai.BadRequestError, match="verbose_json"):
+        _transcribe(client, clips[0], response_format="json", timestamp_granularities=["word"])
+    with pytest.raises(openai.BadRequestError, match="segment and/or word"):
+        _transcribe(client, clips[0], response_format="verbose_json", timestamp_granularities=["sentence"])
 
 
 def test_concurrent_requests_equal_one_at_a_time_and_share_batches(server, clips, alone):

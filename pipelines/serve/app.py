@@ -254,10 +254,14 @@ def _asr_options(served: Served, task: str, language: str | None, prompt: str | 
                        "response_format")
     if not 0 <= temperature <= 1:
         raise APIError(400, f"temperature must be from 0 to 1, not {temperature}", "temperature")
-    bad = [g for g in granularities or () if g != "segment"]
+    bad = [g for g in granularities or () if g not in ("segment", "word")]
     if bad:
-        raise APIError(400, f"timestamp_granularities {bad[0]!r} is not available: segment only (no word "
-                       "timestamps yet)", "timestamp_granularities[]")
+        raise APIError(400, f"timestamp_granularities must be segment and/or word, not {bad[0]!r}",
+                       "timestamp_granularities[]")
+    words = "word" in (granularities or ())
+    if words and response_format != "verbose_json":  # OpenAI's rule: the words are a verbose_json field
+        raise APIError(400, f"timestamp_granularities word needs response_format verbose_json, not "
+                       f"{response_format!r}", "timestamp_granularities[]")
     if stream and response_format not in ("json", "text"):
         raise APIError(400, f"stream needs response_format json or text (the events carry text), not "
                        f"{response_format!r}", "stream")
@@ -271,7 +275,7 @@ def _asr_options(served: Served, task: str, language: str | None, prompt: str | 
         return TranscribeOptions(
             language=None if language == "auto" else language, task=task, device=served.options.device,
             dtype=served.options.dtype, batch_size=served.options.max_batch, use_assistant=served.options.use_assistant,
-            timestamps=response_format in TIMED_FORMATS, **extra,
+            timestamps=response_format in TIMED_FORMATS, word_timestamps=words, **extra,
             **({"temperature": (float(temperature),)} if temperature > 0 else {}))
     except ValueError as exc:
         raise APIError(400, str(exc)) from None

@@ -49,6 +49,9 @@ def transcription_body(t: Transcript, fmt: str, task: str, figures: dict) -> tup
                               "temperature": s.temperature or 0.0, "avg_logprob": s.avg_logprob or 0.0,
                               "compression_ratio": s.compression_ratio or 0.0,
                               "no_speech_prob": s.no_speech_prob or 0.0} for i, s in enumerate(t.segments)]}
+        if any(s.words for s in t.segments):  # asked for (timestamp_granularities word): OpenAI's words, no space
+            body["words"] = [{"word": w.word.strip(), "start": w.start, "end": w.end}
+                             for s in t.segments for w in s.words]
     body["usage"] = {"type": "duration", "seconds": round(t.duration, 3)}
     body["tandem"] = figures
     return json.dumps(body, ensure_ascii=False), "application/json"
