@@ -113,7 +113,7 @@ def test_the_ggml_header_is_whisper_cpps(base_dir, tmp_path):
 
 @pytest.mark.parametrize("adapter, names", [
     pytest.param(peers.whispercpp_systems, ["whisper.cpp f16", "whisper.cpp q8_0"], marks=needs_pywhispercpp),
-    pytest.param(peers.openvino_asr_systems, ["OpenVINO fp32", "OpenVINO int8"], marks=[
+    pytest.param(peers.openvino_asr_systems, ["OpenVINO bf16", "OpenVINO fp32", "OpenVINO int8"], marks=[
         needs_openvino, pytest.mark.skipif(
             not exported("whisper-base", peers.OV_ASR_TASK, peers.OPENVINO_WHISPER_FORMATS),
             reason="whisper-base's OpenVINO export is not cached: tandem bench asr --peers openvino makes it")]),

@@ -35,6 +35,11 @@ TEXT_PEERS = ("llamacpp", "openvino")
 WHISPERCPP_PRECISIONS = ("f16", "q8_0")
 GGML_FILE = "ggml-model.bin"
 OPENVINO_WHISPER_FORMATS = ("fp32", "int8")  # optimum-cli's --weight-format
+# OpenVINO's rows: (row name, IR weight format, the CPU plugin's INFERENCE_PRECISION_HINT or None for its
+# default). The plugin's default computes in bfloat16 on a CPU with native bf16 (AVX-512 BF16, AMX) even for an
+# fp32 IR ("bf16" here: ``ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT")``), so the fp32 row asks
+# for f32 and the bf16 row is the fp32 IR at bf16; int8 (weights) keeps the default for its activations.
+OPENVINO_WHISPER_ROWS = (("fp32", "fp32", "f32"), ("bf16", "fp32", "bf16"), ("int8", "int8", None))
 OV_ASR_TASK, OV_TEXT_TASK = "automatic-speech-recognition-with-past", "text-generation-with-past"  # its --task
 # The export venv: optimum-intel 2.2.0 needs transformers<5.6; torch pinned to the CPU build (a local wheel in
 # PIP_FIND_LINKS here) so pip does not pull CUDA's; openvino and its tokenizers equal to the runtime's.
@@ -243,10 +248,11 @@ def _openvino_transcriber(pipe) -> Transcriber:
 
 
 def openvino_asr_systems(main, threads: int, warm_path: str, log=print) -> dict[str, Transcriber]:
-    """``{"OpenVINO fp32": transcribe, "OpenVINO int8": transcribe}``: ``openvino_genai.WhisperPipeline`` on the
-    IR of the pair's main model ``main`` (an embedded Whisper, ``ov_ir_folder``), on the CPU with ``threads``
-    inference threads, run once on ``warm_path``. Raises ``PeerUnavailable`` without openvino-genai or an
-    embedded Whisper main model, or when the first format cannot be exported (a later one is logged)."""
+    """``{"OpenVINO fp32": transcribe, "OpenVINO bf16": ..., "OpenVINO int8": ...}`` (``OPENVINO_WHISPER_ROWS``):
+    ``openvino_genai.WhisperPipeline`` on the IR of the pair's main model ``main`` (an embedded Whisper,
+    ``ov_ir_folder``), on the CPU with ``threads`` inference threads and the row's inference precision, run once
+    on ``warm_path``. Raises ``PeerUnavailable`` without openvino-genai or an embedded Whisper main model, or when
+    the first row cannot be exported (a later one is logged)."""
     from ..models.embedded import WHISPER, embedded_path
 
     try:
@@ -256,15 +262,19 @@ def openvino_asr_systems(main, threads: int, warm_path: str, log=print) -> dict[
     if main.source != "embedded" or main.id not in WHISPER:
         raise PeerUnavailable(f"the pair's main model is {main}, not an embedded Whisper to export")
 
-    def load(weight_format: str) -> dict[str, Transcriber]:
+    rows = {name: (weight_format, hint) for name, weight_format, hint in OPENVINO_WHISPER_ROWS}
+
+    def load(name: str) -> dict[str, Transcriber]:
+        weight_format, hint = rows[name]
         folder = ov_ir_folder(main.id, embedded_path(main.id), WHISPER[main.id].sha256, OV_ASR_TASK, weight_format, log)
-        pipe = ov_pipeline(f"{main.id} {weight_format}", lambda: openvino_genai.WhisperPipeline(
-            str(folder), "CPU", INFERENCE_NUM_THREADS=threads))
+        precision = {} if hint is None else {"INFERENCE_PRECISION_HINT": hint}
+        pipe = ov_pipeline(f"{main.id} {name}", lambda: openvino_genai.WhisperPipeline(
+            str(folder), "CPU", INFERENCE_NUM_THREADS=threads, **precision))
         run = _openvino_transcriber(pipe)
         run([warm_path])
-        return {f"OpenVINO {weight_format}": run}
+        return {f"OpenVINO {name}": run}
 
-    return each_precision("OpenVINO", OPENVINO_WHISPER_FORMATS, load, log)
+    return each_precision("OpenVINO", tuple(rows), load, log)
 
 
 def gather_peers(peers: tuple[str, ...], adapters: dict[str, Callable[[], dict]], log=print) -> dict:
