@@ -100,6 +100,52 @@ def test_compare_plain_reports_identical(setup):
     assert [result.tokens[0], result.tokens[1]] == [_beam(setup, c, BeamOptions(3)).tokens[0] for c in (0, 2)]
 
 
+class _OneInputWrong:
+    """A drafter that drafts only end of text for input ``wrong``'s beams (a kept beam never ends in EOT, so
+    that input can take no drafted step) and counts, per input, the drafts its beams took in drafted steps."""
+
+    def __init__(self, inner, beam_size: int, wrong: int) -> None:
+        self.inner, self.n, self.wrong = inner, beam_size, wrong
+        self.taken = [0, 0]
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def draft(self, ks, *args):
+        from dataclasses import replace
+
+        d = self.inner.draft(ks, *args)
+        return replace(d, tokens=[[EOT] * len(t) if r // self.n == self.wrong else t for r, t in enumerate(d.tokens)])
+
+    def update(self, drafted, accepted, emitted):
+        for r, a in enumerate(accepted):
+            self.taken[r // self.n] += a
+        self.inner.update(drafted, accepted, emitted)
+
+
+def test_assisted_beam_drafts_per_input_in_a_batch(setup):
+    """Two clips in one batch, input 1's drafts all wrong: input 0 still takes drafted steps (each input's
+    beams are checked against their own drafts) and input 1 none, and both equal plain beam search of the batch
+    score for score. Fails where a drafted step needs every beam of the batch to agree."""
+    _, _, engine, enc, rules = setup
+    made = []
+
+    def make(rules, max_new):
+        made.append(_OneInputWrong(engine.make_drafter(rules, max_new), 5, wrong=1))
+        return made[-1]
+
+    assisting = AssistedDecoder(engine.main, make, pad_id=EOT)
+    batch = enc.select(torch.tensor([0, 1]))
+    beam = BeamOptions(5)
+    plain = beam_generate(engine, [PROMPT, PROMPT], rules, DecodeOptions(max_new_tokens=MAX_NEW, use_drafter=False),
+                          beam, encoder_output=batch)
+    options = DecodeOptions(max_new_tokens=MAX_NEW, policy=PolicyOptions("constant", 3))
+    assisted = beam_generate(assisting, [PROMPT, PROMPT], rules, options, beam, encoder_output=batch)
+    assert assisted.tokens == plain.tokens and assisted.sum_logprobs == plain.sum_logprobs
+    assert made[0].taken[0] > 0 and made[0].taken[1] == 0
+    assert assisted.stats.row_calls < plain.stats.row_calls  # input 0 stepped in fewer passes than plainly
+
+
 def test_beam_refuses_sampling(setup):
     _, _, engine, enc, rules = setup
     with pytest.raises(ValueError, match="does not sample"):

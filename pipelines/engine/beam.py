@@ -87,6 +87,13 @@ class Beams:
         self.scores = torch.zeros(groups * self.n, dtype=torch.float32, device=HOST)
         self.done = False
 
+    @property
+    def settled(self) -> bool:
+        """Whether no further step can change what ``finalize`` returns: the search is done and its result is
+        read from finished sequences alone (plain beam search steps such a search on while others in its
+        batch run; ``beam_loop.py`` need not)."""
+        return self.done
+
     def step(self, logprobs: torch.Tensor, gen_len: int, max_new: int) -> Step:  # pragma: no cover - abstract
         """Extend the beams by one token from ``logprobs`` (rows, V) float32 on any device, each row's
         log-probabilities after the style's rules (``logprobs_of``); ``gen_len``: tokens generated before."""
@@ -103,6 +110,12 @@ class WhisperBeams(Beams):
     def __init__(self, options: BeamOptions, groups: int, eos: tuple[int, ...]) -> None:
         super().__init__(options, groups, eos)
         self.finished: list[dict[tuple[int, ...], float]] = [{} for _ in range(groups)]
+
+    @property
+    def settled(self) -> bool:
+        """Done, with at least N finished sequences a group: ``finalize`` reads no beam. Never with patience
+        below 1 (round(N * patience) < N finished), where it adds the beams of the last step taken."""
+        return self.done and all(len(f) >= self.n for f in self.finished)
 
     def step(self, logprobs: torch.Tensor, gen_len: int, max_new: int) -> Step:
         n, cap = self.n, self.options.max_candidates
