@@ -9,8 +9,9 @@ binding's own prompt lookup (``LlamaPromptLookupDecoding`` at its defaults). Eac
 empty KV cache (``Llama.reset``), as Tandem's do: no prefix is reused across prompts. Model load is not timed.
 
 OpenVINO runs on IR exported from the pair's transformers folders (``peers.ov_ir_folder``) in int8 and int4
-weights, fed the token ids as ``TokenizedInputs``, each ``generate`` from a fresh KV cache: plain, and with the
-0.5B IR in the same format as ``draft_model`` (``DRAFT_TOKENS`` a round).
+weights, fed the token ids as ``TokenizedInputs``, each ``generate`` from a fresh KV cache (its scheduler's
+prefix caching, on by default, switched off): plain, and with the 0.5B IR in the same format as ``draft_model``
+(``DRAFT_TOKENS`` a round).
 """
 
 from __future__ import annotations
@@ -164,16 +165,23 @@ def openvino_text_systems(pair, max_new: int, eos: tuple[int, ...], threads: int
             c.num_assistant_tokens = draft_tokens
         return c
 
+    def fresh_cache() -> dict:
+        # its scheduler keeps earlier prompts' KV blocks by default (prefix caching): off, so each prompt is
+        # computed whole, as Tandem's and llama.cpp's are
+        scheduler = openvino_genai.SchedulerConfig()
+        scheduler.enable_prefix_caching = False
+        return {"scheduler_config": scheduler, "INFERENCE_NUM_THREADS": threads}
+
     def load(weight_format: str) -> dict[str, Generator]:
         main, name = str(ir(pair.main.id, weight_format)), f"OpenVINO {weight_format}"
         plain = ov_pipeline(f"{pair.main.id} {weight_format}",
-                            lambda: openvino_genai.LLMPipeline(main, "CPU", INFERENCE_NUM_THREADS=threads))
+                            lambda: openvino_genai.LLMPipeline(main, "CPU", **fresh_cache()))
         systems = {f"{name} plain": _ov_generator(plain, config())}
         try:
             draft = str(ir(draft_name(pair), weight_format))
             assisted = ov_pipeline(f"{pair.main.id} {weight_format} with its draft", lambda: openvino_genai.LLMPipeline(
                 main, "CPU", draft_model=openvino_genai.draft_model(draft, "CPU", INFERENCE_NUM_THREADS=threads),
-                INFERENCE_NUM_THREADS=threads))
+                **fresh_cache()))
             systems[f"{name} model draft"] = _ov_generator(assisted, config(DRAFT_TOKENS))
         except PeerUnavailable as err:
             log(f"{name} with a draft model: no row: {err}")
