@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..devices import cpu_info
+from ..models.quantize import quantized
 from .cache import LeanCache, RaggedCache
 from .decoders import Decoder, EncoderOutput
 from .draft_cache import StaticDraftCache
@@ -182,14 +183,19 @@ class WhisperDraftDecoder(LeanDecoder):
     proposed; the main model's verification decides every output token. ``dtype``: its weights' and
     activations' dtype; default float32 on a CPU (the int8 kernels take float32 inputs; int8 forces it) and
     the model's own elsewhere (on an H200 a float32 draft step took 0.60 ms of kernels at base shapes against
-    a bfloat16 main step's 0.80; ``bench shapes --step-costs`` times both dtypes side by side)."""
+    a bfloat16 main step's 0.80; ``bench shapes --step-costs`` times both dtypes side by side). A model whose
+    decoder linears ``models.quantize.quantize_model`` replaced (``--dtype int8``/``int4``) runs them as they are,
+    q, k and v as three products, in the dtype it was quantized in (their kernels take it; ``int8`` is ignored)."""
 
     def __init__(self, model, int8: bool = False, dtype: torch.dtype | None = None) -> None:
         super().__init__(model)
         _adopt_whisper(self, model)
         dec = self.decoder
-        self.int8 = int8 and int8_available(self.device)
-        if self.int8 or (dtype is None and self.device.type == "cpu"):
+        weight_only = quantized(model) is not None
+        self.int8 = int8 and not weight_only and int8_available(self.device)
+        if weight_only:
+            dtype = model.dtype
+        elif self.int8 or (dtype is None and self.device.type == "cpu"):
             dtype = torch.float32
         self.dtype = dtype or model.dtype
         self.heads = self.kv_heads = self.config.decoder_attention_heads
@@ -198,22 +204,20 @@ class WhisperDraftDecoder(LeanDecoder):
         self.positions = dec.embed_positions.weight.detach().to(self.dtype)
         norm = lambda m: _layer_norm(m, self.dtype)  # noqa: E731
         self.norm = norm(dec.layer_norm)
-        lin = lambda w, b=None: Linear(w, b, self.int8, self.dtype)  # noqa: E731
+        lin = lambda *modules, scale=1.0: _draft_linear(modules, scale, self.int8, self.dtype)  # noqa: E731
         self.layers = []
         for layer in dec.layers:
             a, c = layer.self_attn, layer.encoder_attn
-            qkv_w = torch.cat([a.q_proj.weight * a.scaling, a.k_proj.weight, a.v_proj.weight])
-            qkv_b = torch.cat([a.q_proj.bias * a.scaling, torch.zeros_like(a.v_proj.bias), a.v_proj.bias])
             self.layers.append({
-                "ln1": norm(layer.self_attn_layer_norm), "qkv": lin(qkv_w, qkv_b), "o": lin(a.out_proj.weight, a.out_proj.bias),
-                "ln2": norm(layer.encoder_attn_layer_norm), "q2": lin(c.q_proj.weight * c.scaling, c.q_proj.bias * c.scaling),
-                "k2": lin(c.k_proj.weight), "v2": lin(c.v_proj.weight, c.v_proj.bias), "o2": lin(c.out_proj.weight, c.out_proj.bias),
-                "ln3": norm(layer.final_layer_norm), "fc1": lin(layer.fc1.weight, layer.fc1.bias), "fc2": lin(layer.fc2.weight, layer.fc2.bias),
+                "ln1": norm(layer.self_attn_layer_norm), "qkv": lin(a.q_proj, a.k_proj, a.v_proj, scale=a.scaling),
+                "o": lin(a.out_proj), "ln2": norm(layer.encoder_attn_layer_norm), "q2": lin(c.q_proj, scale=c.scaling),
+                "k2": lin(c.k_proj), "v2": lin(c.v_proj), "o2": lin(c.out_proj),
+                "ln3": norm(layer.final_layer_norm), "fc1": lin(layer.fc1), "fc2": lin(layer.fc2),
             })
         head = model.proj_out.weight.detach()
         if self.vocab_ids is not None:
             head = head.index_select(0, torch.tensor(self.vocab_ids, dtype=torch.long, device=head.device))
-        self.head = lin(head)
+        self.head = Linear(head, None, self.int8, self.dtype)
 
     @property
     def reads_encoder(self) -> bool:
@@ -259,6 +263,26 @@ class WhisperDraftDecoder(LeanDecoder):
             x = x + layer["o2"](merge(attn))
             x = x + layer["fc2"](torch.nn.functional.gelu(layer["fc1"](layer["ln3"](x))))
         return self.head(self.norm(x)).float(), real
+
+
+def _draft_linear(modules: tuple, scale: float, int8: bool, dtype: torch.dtype):
+    """One product over ``modules`` side by side, the first's output times ``scale``: y = [s (x W_1^T + b_1),
+    x W_2^T + b_2, ...] (a missing bias is zeros). ``nn.Linear`` modules: their weights concatenated into one
+    lean ``Linear`` (s folded into W_1 and b_1); weight-only quantized ones (``models.quantize``): each run as
+    it is, the outputs concatenated."""
+    if not all(isinstance(m, torch.nn.Linear) for m in modules):
+        def run(x: torch.Tensor) -> torch.Tensor:
+            outs = [m(x) for m in modules]
+            if scale != 1.0:
+                outs[0] = outs[0] * scale
+            return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
+        return run
+    scales = [scale] + [1.0] * (len(modules) - 1)
+    weight = torch.cat([m.weight * s for m, s in zip(modules, scales)])
+    bias = None
+    if any(m.bias is not None for m in modules):
+        bias = torch.cat([torch.zeros_like(m.weight[:, 0]) if m.bias is None else m.bias * s for m, s in zip(modules, scales)])
+    return Linear(weight, bias, int8, dtype)
 
 
 def _layer_norm(module: torch.nn.LayerNorm, dtype: torch.dtype = torch.float32):

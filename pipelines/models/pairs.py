@@ -85,14 +85,15 @@ def check_gguf(pair: Pair) -> None:
 
 
 def check_quantizable(pair: Pair) -> None:
-    """RegistryError unless ``pair``'s main model is a decoder-only model the fixed-shape causal decoder runs
-    (``engine.causal.fits``): the models int8/int4 weights are offered for (their layers are run as modules)."""
+    """RegistryError unless ``pair``'s main model is one int8/int4 weights are offered for: a decoder-only model
+    the fixed-shape causal decoder runs (``engine.causal.fits``) or Whisper (``engine.whisper``), whose decoders
+    run their linear layers as modules (``quantize.quantize_model`` replaces them)."""
     from ..engine.causal import fits
 
     config = load_config(pair.main)
-    if config.is_encoder_decoder or not fits(config):
-        raise RegistryError(f"pair {pair.name!r}: int8/int4 weights are offered for Llama-layout text models "
-                            f"(Qwen2, Llama, Mistral) only, not {config.model_type!r}; use float32 or bfloat16")
+    if config.model_type != "whisper" and (config.is_encoder_decoder or not fits(config)):
+        raise RegistryError(f"pair {pair.name!r}: int8/int4 weights are offered for Whisper and Llama-layout text "
+                            f"models (Qwen2, Llama, Mistral) only, not {config.model_type!r}; use float32 or bfloat16")
 
 
 def load_pair(pair: Pair, dtype: str | None = None, device: str = "cpu") -> LoadedPair:
@@ -101,8 +102,9 @@ def load_pair(pair: Pair, dtype: str | None = None, device: str = "cpu") -> Load
     any weights load, for a pair whose pre-flight (``registry.preflight``: configs and tokenizers) fails, e.g. an
     assistant with another tokenizer, which could only draft tokens the main model does not mean.
     int8/int4 (``devices.WEIGHT_DTYPES``, a CPU only): the models load in ``devices.compute_dtype``'s dtype and
-    their decoder linears are quantized (``quantize.quantize_model``): the main model's, and the assistant's
-    unless the pair drafts with the lean int8 assistant (``assistant_int8``), which has int8 weights of its own.
+    their decoder linears are quantized (``quantize.quantize_model``; Whisper's encoder and the heads stay in the
+    compute dtype): the main model's, and the assistant's unless the pair drafts with the lean int8 assistant
+    (``assistant_int8``), which has int8 weights of its own.
     q4_k_m (a CPU only): the main model is the pair's GGUF file on llama.cpp (``llamacpp.load_llamacpp``); the
     assistant loads as for int8/int4, unquantized (or the lean int8 one)."""
     check_pair(pair)

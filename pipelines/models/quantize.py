@@ -33,8 +33,11 @@ same numbers as the kernel's, rounded once more to the compute dtype).
 
 What is quantized: every ``nn.Linear`` of the decoder whose shape the kernel takes (int4: output features a
 multiple of 16 and input features a multiple of ``group_size``; others stay as they are). The embeddings and
-the output head are left in the compute dtype: the fixed-shape decoders read the head's weight directly
-(``engine/fixed.py``), and Qwen2.5's head is tied to its embedding table.
+the output head (``lm_head``, Whisper's ``proj_out``) are left in the compute dtype: the fixed-shape decoders
+read the head's weight directly (``engine/fixed.py``), and Qwen2.5's and Whisper's heads are tied to their
+embedding tables. So is an encoder (Whisper's): it runs once per request over 1,500 frames a window, a product
+of thousands of rows, which would take the dense path above and pay a dequantization per call for nothing;
+its weights are read once per window, not once per token, so their bytes are not what decoding waits on.
 """
 
 from __future__ import annotations
@@ -58,18 +61,20 @@ DENSE_ROWS = {"int8": 32, "int4": 96}
 # torch uses is found once by packing a probe (``int4_layout``).
 INT4_LAYOUTS = ((64, "lanes"), (32, "lanes"), (32, "pairs"), (64, "pairs"))
 _layout_found: list = []
+SKIP = ("lm_head", "proj_out", "encoder")  # left in the compute dtype: the heads, an encoder (module docstring)
 
 
 @dataclass(frozen=True)
 class QuantizeOptions:
     """How ``quantize_model`` stores the weights: ``dtype`` int8 or int4; ``group_size`` inputs per int4 scale
     (32, 64 or 128; smaller groups: closer to the bfloat16 weights, slightly more to read); ``skip``: module
-    names (the last dotted part) left unquantized; ``dense_rows``: products of at least this many rows run
+    names (any dotted part of a layer's name: the module and everything under it) left unquantized, by default
+    the output heads and an encoder (module docstring); ``dense_rows``: products of at least this many rows run
     ``F.linear`` on weights dequantized per call (default ``DENSE_ROWS[dtype]``, 0: always the kernel)."""
 
     dtype: str = "int4"
     group_size: int = 32
-    skip: tuple[str, ...] = ("lm_head",)
+    skip: tuple[str, ...] = SKIP
     dense_rows: int | None = None  # products of this many rows run on dequantized weights (None: DENSE_ROWS's; 0: never)
 
     def __post_init__(self) -> None:
@@ -199,14 +204,17 @@ class WeightOnlyLinear(nn.Module):
 
 
 def quantize_model(model: nn.Module, dtype: str = "int4", group_size: int = 32,
-                   skip: tuple[str, ...] = ("lm_head",), dense_rows: int | None = None) -> int:
-    """Replace ``model``'s ``nn.Linear`` layers (but those named in ``skip`` and those whose shape the kernel
-    does not take) by ``WeightOnlyLinear`` in place, layer by layer (the float weights of a layer are freed as
-    it is replaced); record the options as ``model.tandem_quantized``. Returns the number of layers replaced.
-    The model must be on the CPU, in its compute dtype (bfloat16 or float32)."""
+                   skip: tuple[str, ...] = SKIP, dense_rows: int | None = None) -> int:
+    """Replace ``model``'s ``nn.Linear`` layers (but those with a part of their name in ``skip``, e.g. under
+    ``encoder``, and those whose shape the kernel does not take) by ``WeightOnlyLinear`` in place, layer by
+    layer (the float weights of a layer are freed as it is replaced); record the options as
+    ``model.tandem_quantized``. Returns the number of layers replaced. The model must be on the CPU, in its
+    compute dtype (bfloat16 or float32). A Llama-layout model: its decoder layers' 7 projections each; Whisper
+    (``WhisperForConditionalGeneration`` or ``WhisperForCausalLM``): its decoder layers' 10 each."""
     options = QuantizeOptions(dtype, group_size, tuple(skip), dense_rows)
     targets = [(name, module) for name, module in model.named_modules()
-               if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] not in options.skip and supports(module, options)]
+               if isinstance(module, nn.Linear) and not set(name.split(".")) & set(options.skip)
+               and supports(module, options)]
     for name, module in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
