@@ -159,17 +159,22 @@ def test_weight_dtypes_run_on_a_cpu_in_bfloat16_or_float32_and_are_refused_on_cu
     assert devices.compute_dtype("cpu", "int8") == "float32"
 
 
-def test_text_commands_offer_the_weight_dtypes_and_other_pairs_refuse_them(local_models_file, capsys):
+def test_commands_offer_the_weight_dtypes_and_other_pairs_refuse_them(local_models_file, capsys):
     from pipelines.cli.parser import build_parser
     from pipelines.models.pairs import load_pair
     from pipelines.models.registry import RegistryError, load_registry
 
     parser = build_parser()
     for argv in (["translate", "--dtype", "int4", "x"], ["summarize", "--dtype", "int8", "x"],
-                 ["bench", "text", "--dtype", "int4"]):
+                 ["bench", "text", "--dtype", "int4"], ["transcribe", "--dtype", "int4", "a.wav"],
+                 ["eval", "-m", "whisper-base", "--set", "speech-real", "--dtype", "int8"]):
         assert parser.parse_args(argv).dtype == argv[argv.index("--dtype") + 1]
-    with pytest.raises(SystemExit):  # Whisper's commands keep the float dtypes
-        parser.parse_args(["transcribe", "--dtype", "int4", "a.wav"])
-    assert "int4" in capsys.readouterr().err
-    with pytest.raises(RegistryError, match="Llama-layout"):  # before any weights load
+    assert parser.parse_args(["bench", "asr", "--dtypes", "float32, int8,int4"]).dtypes == ("float32", "int8", "int4")
+    assert parser.parse_args(["bench", "asr"]).dtypes == ("float32", "bfloat16")
+    for argv, wrong in ((["transcribe", "--dtype", "q4_k_m", "a.wav"], "q4_k_m"),  # llama.cpp runs text pairs only
+                        (["bench", "asr", "--dtypes", "float32,int3"], "int3")):
+        with pytest.raises(SystemExit):
+            parser.parse_args(argv)
+        assert wrong in capsys.readouterr().err
+    with pytest.raises(RegistryError, match="Whisper and Llama-layout"):  # before any weights load
         load_pair(load_registry(local_models_file).get("bart-pair"), "int8")

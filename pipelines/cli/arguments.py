@@ -11,8 +11,6 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-from ..devices import WEIGHT_DTYPES  # weight-only quantized: the text pairs on a CPU
-
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """argparse's defaults formatter, less the defaults that say nothing: an option whose default is None or
@@ -109,10 +107,18 @@ WEIGHT_DTYPE_HELP = ("dtype (default: the pair's); int8 / int4: the main model's
                      "still equal to plain in that dtype; a CPU only (docs/text.md)")
 
 
+WHISPER_DTYPE_HELP = ("dtype (default: the pair's); int8 / int4: the decoders' linear layers quantized (int4 in "
+                      "groups of 32) on torch's kernels, products in bfloat16 where the CPU has it natively, else "
+                      "float32, the encoder and the head in that dtype; assisted output still equal to plain in that "
+                      "dtype; a CPU only (docs/transcription.md; measured in docs/benchmarks.md)")
+
+
 def add_dtype(parser: argparse.ArgumentParser, what: str = "compute dtype (default: the pair's)",
-              weights: bool = False) -> None:
-    """``--dtype`` with the dtypes the engine offers (``weights``: and the weight-only int8/int4)."""
-    parser.add_argument("--dtype", choices=DTYPES + WEIGHT_DTYPES if weights else DTYPES, help=what)
+              weights: tuple[str, ...] = ()) -> None:
+    """``--dtype`` with the dtypes the engine offers, and the weight-only ``weights`` (``devices.WEIGHT_DTYPES``:
+    the text pairs' int8, int4 and q4_k_m; ``TORCH_WEIGHT_DTYPES``: int8 and int4, Whisper's too, with
+    ``WHISPER_DTYPE_HELP``)."""
+    parser.add_argument("--dtype", choices=DTYPES + weights, help=what)
 
 
 def add_report(parser: argparse.ArgumentParser, default: str | None, what: str = "write the figures (JSON) here") -> None:

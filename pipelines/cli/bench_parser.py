@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 
+from ..devices import TORCH_WEIGHT_DTYPES, WEIGHT_DTYPES
 from ..errors import TandemError
 from ..quality.peers import ASR_PEERS, TEXT_PEERS, parse_peers
-from .arguments import WEIGHT_DTYPE_HELP, add_alias, add_command, add_dtype, add_model, add_report, count
+from .arguments import DTYPES, WEIGHT_DTYPE_HELP, add_alias, add_command, add_dtype, add_model, add_report, count
 from .commands import cmd_bench_asr, cmd_bench_engine, cmd_bench_scale, cmd_bench_shapes, cmd_bench_text
 
 SPEECH_SETS = "speech-real,speech-synth,speech-long"
@@ -25,6 +26,16 @@ def add_peers(b, known: tuple[str, ...], what: str) -> None:
     b.add_argument("--peers", type=parse, default=(), metavar=",".join(known),
                    help=f"CPU peers also run, comma-separated: {what} (the 'bench-peers' extra; a peer that cannot "
                         "run here prints its reason instead of a row)")
+
+
+def dtype_list(text: str) -> tuple[str, ...]:
+    """An argparse type: comma-separated dtypes a Whisper pair runs in (the float ones, int8, int4)."""
+    known = DTYPES + TORCH_WEIGHT_DTYPES
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    wrong = [n for n in names if n not in known]
+    if wrong or not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated dtypes of {', '.join(known)}, not {text!r}")
+    return names
 
 
 def add_bench(sub) -> None:
@@ -46,8 +57,11 @@ def add_bench_engine(sub) -> None:
 
 
 def add_bench_asr(sub) -> None:
-    b = add_command(sub, "asr", help="faster-whisper, transformers, Tandem plain/assisted in float32 and bfloat16, same files")
+    b = add_command(sub, "asr", help="faster-whisper, transformers, Tandem plain/assisted in each of --dtypes, same files")
     add_model(b, "asr pair", default="whisper-base")
+    b.add_argument("--dtypes", type=dtype_list, default=("float32", "bfloat16"), metavar="DTYPE[,DTYPE...]",
+                   help="the transformers and Tandem rows' dtypes, side by side (speed-ups against transformers plain "
+                        "in the first): float32, bfloat16, float16, int8, int4 (int8 / int4: as transcribe's --dtype)")
     b.add_argument("--set", "--sets", dest="sets", default=SPEECH_SETS, metavar="SET[,SET...]",
                    help="comma-separated evaluation sets")
     b.add_argument("--limit", type=count, default=60, help="files per set at most")
@@ -96,7 +110,7 @@ def add_bench_text(sub) -> None:
     add_model(b, "text pair from the registry (default: the task's default, the embedded Qwen pair)")
     b.add_argument("--limit", type=count, default=4, help="items of the set")
     b.add_argument("--max-new-tokens", type=count, default=256, help="per prompt")
-    add_dtype(b, WEIGHT_DTYPE_HELP, weights=True)
+    add_dtype(b, WEIGHT_DTYPE_HELP, weights=WEIGHT_DTYPES)
     add_peers(b, TEXT_PEERS, "llamacpp (llama.cpp on the pair's GGUF files: plain, the 0.5B draft, prompt lookup), "
               "openvino")
     add_report(b, "reports/bench-text.json")

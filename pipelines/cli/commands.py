@@ -204,7 +204,7 @@ def cmd_bench_asr(args: argparse.Namespace) -> int:
 
     sets = tuple(x.strip() for x in args.sets.split(",") if x.strip())
     bench_asr(args.pair, sets, args.limit, args.batch_size, args.json, chunk_batch=args.chunk_batch, device=args.device,
-              also=tuple(args.also), peers=args.peers)
+              also=tuple(args.also), dtypes=args.dtypes, peers=args.peers)
     return 0
 
 

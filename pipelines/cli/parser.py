@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 
 from .. import __version__
+from ..devices import TORCH_WEIGHT_DTYPES, WEIGHT_DTYPES
 from .arguments import (
     DEVICE_HELP,
     WEIGHT_DTYPE_HELP,
+    WHISPER_DTYPE_HELP,
     HelpFormatter,
     add_alias,
     add_command,
@@ -88,7 +90,7 @@ def add_transcribe(sub) -> None:
                    "(.en) pairs take en or auto only")
     p.add_argument("--task", choices=["transcribe", "translate"], default="transcribe",
                    help="Whisper's task: transcribe in the spoken language, or translate into English")
-    add_dtype(p)
+    add_dtype(p, WHISPER_DTYPE_HELP, weights=TORCH_WEIGHT_DTYPES)
     p.add_argument("--refs", metavar="MANIFEST", help="a manifest.jsonl with reference texts: prints WER")
     p.add_argument("-o", "--output-dir", "--out", dest="out", metavar="DIR",
                    help="write outputs here (mirroring the input folders), resumable")
@@ -163,7 +165,7 @@ def add_text_options(p: argparse.ArgumentParser, task: str) -> None:
     p.add_argument("--no-assistant", action="store_true", help="plain decoding with the main model")
     p.add_argument("--compare", action="store_true", help="also decode plainly: speedup and identical outputs")
     p.add_argument("--refs", action="append", metavar="FILE", help="reference text per input: BLEU/chrF or ROUGE")
-    add_dtype(p, WEIGHT_DTYPE_HELP, weights=True)
+    add_dtype(p, WEIGHT_DTYPE_HELP, weights=WEIGHT_DTYPES)
     p.set_defaults(func=cmd_text)
 
 
@@ -191,7 +193,9 @@ def add_eval(sub) -> None:
     add_alias(p, "--task", dest="task", choices=["asr", "translate", "summarize"])  # the set names it now
     p.add_argument("--limit", type=count, help="first N items only")
     p.add_argument("--repeats", type=count, default=3, help="interleaved timed runs per mode")
-    add_dtype(p)
+    add_dtype(p, "dtype (default: the pair's); int8 / int4: the decoders' linear layers quantized on a CPU, for "
+              "Whisper and the Llama-layout text pairs (docs/transcription.md, docs/text.md)",
+              weights=TORCH_WEIGHT_DTYPES)
     add_report(p, None, "write the report (schema tandem-eval/1) here")
     add_lookahead(p)
     p.set_defaults(func=cmd_eval)

@@ -1,6 +1,7 @@
 """``tandem bench asr``: every ASR system on the same files in one run, one after the other: faster-whisper
 (int8 and float32, sequential, and its batched pipeline on long files), transformers ``generate`` plain and
-assisted, Tandem plain and assisted in float32 and bfloat16, and on long files Tandem's chunked long-form;
+assisted, Tandem plain and assisted in each dtype asked (float32 and bfloat16 by default; int8 / int4: the
+decoders' weights quantized, ``models/quantize.py``), and on long files Tandem's chunked long-form;
 with ``peers`` also CPU peers on the same weights (``quality.peers``: whisper.cpp f16 and q8_0).
 Wall time, real-time factor, speedup against transformers plain float32, WER, identical-output rate against
 Tandem plain, tokens per main call."""
@@ -91,8 +92,9 @@ def bench_asr(pair_name: str = "whisper-base", sets=("speech-real", "speech-synt
     the chunked long-form systems: faster-whisper's batched pipeline and Tandem's ``long_form="chunked"``,
     ``chunk_batch`` chunks at a time (their identical-output rate is against Tandem plain chunked). ``also``:
     pairs with the same main model and another assistant, whose Tandem assisted rows ("... [pair]") follow the
-    pair's (RegistryError when a main model differs). ``dtypes``: the compute dtypes of the transformers and
-    Tandem rows (speed-ups are against transformers plain in the first). ``peers``: ``peers.ASR_PEERS`` names
+    pair's (RegistryError when a main model differs). ``dtypes``: the dtypes of the transformers and Tandem
+    rows, as ``pairs.load_pair`` takes them (int8 / int4 too: transformers ``generate`` then runs the same
+    quantized modules); speed-ups are against transformers plain in the first. ``peers``: ``peers.ASR_PEERS`` names
     whose rows follow faster-whisper's (model preparation and load not timed; one line instead where a peer
     cannot run here)."""
     from ..asr import TranscribeOptions, WhisperRunner, transcribe
