@@ -110,7 +110,7 @@ WEIGHT_DTYPE_HELP = ("dtype (default: the pair's); int8 / int4: the main model's
 WHISPER_DTYPE_HELP = ("dtype (default: the pair's); int8 / int4: the decoders' linear layers quantized (int4 in "
                       "groups of 32) on torch's kernels, products in bfloat16 where the CPU has it natively, else "
                       "float32, the encoder and the head in that dtype; assisted output still equal to plain in that "
-                      "dtype; a CPU only (docs/transcription.md; measured in docs/benchmarks.md)")
+                      "dtype; a CPU only; not a default: not faster than bfloat16 as measured (docs/benchmarks.md)")
 
 
 def add_dtype(parser: argparse.ArgumentParser, what: str = "compute dtype (default: the pair's)",
