@@ -13,8 +13,8 @@ With ``beam_size`` (``--beam-size N``): beam search, whisper's semantics (``engi
 N beams a row (transformers' ``generate(num_beams=N)``, whose beam search keeps other candidates: timed, not
 compared). The oracle then knows plain beam search's tree (recorded by a first plain run): for each beam it
 proposes the tokens its best child, grandchild, ... got, every drafted step right for all beams with
-probability ``acceptance`` (one draw per step, shared by the beams: a step is kept only when every beam's
-draft is its own continuation). A step plain beam search took by branching (a beam with two children,
+probability ``acceptance`` (one draw per step and input, shared by its beams: an input's step is kept only
+when every one of its beams' drafts is its own continuation). A step plain beam search took by branching (a beam with two children,
 another with none) is never kept whatever the drafts: ``beam steps drafted at best`` counts the others.
 
 The encoder is not timed: its output is a random (rows, 1500, d_model) tensor shared by every system.
@@ -143,15 +143,16 @@ class BeamRecorder(Drafter):
                 self.seqs[b] += (t,)
 
     def select(self, keep: list[int]) -> None:
-        self.steps += 1
-        self.kept += sorted(keep) == list(range(len(keep)))
+        for g in range(0, len(keep), self.n):  # per input: its beams' sources (a plain round steps every input once)
+            self.steps += 1
+            self.kept += sorted(keep[g : g + self.n]) == list(range(g, g + self.n))
         self.seqs = [self.seqs[i] for i in keep]
 
 
 class BeamOracle(OracleDrafter):
     """Runs ``inner`` (the real draft cost), then proposes each beam's continuation in plain beam search's tree
-    (``BeamRecorder.tree``), every drafted step right for all beams with probability ``acceptance`` (one draw
-    a step), a wrong token after the first miss."""
+    (``BeamRecorder.tree``), every drafted step right for all of an input's beams with probability
+    ``acceptance`` (one draw a step and input), a wrong token after the first miss."""
 
     def __init__(self, inner: Drafter, recorder: BeamRecorder, acceptance: float, rng: random.Random,
                  vocab: int) -> None:
@@ -160,9 +161,12 @@ class BeamOracle(OracleDrafter):
 
     def draft(self, ks, seqs, gen_lens, sampling, generator, stop_below) -> Drafts:
         d = self.inner.draft(ks, seqs, gen_lens, sampling, generator, stop_below)
-        hit = next((j for j in range(max(ks)) if self.rng.random() >= self.acceptance), max(ks))
+        hits: dict[int, int] = {}  # per input: the drafted steps its beams get right
         tokens = []
         for b, (seq, drafted) in enumerate(zip(seqs, d.tokens)):
+            if b // self.n not in hits:
+                hits[b // self.n] = next((j for j in range(max(ks)) if self.rng.random() >= self.acceptance), max(ks))
+            hit = hits[b // self.n]
             seq, truth = tuple(seq), []
             while len(truth) < len(drafted) and (b // self.n, seq) in self.tree:
                 truth.append(self.tree[b // self.n, seq])
