@@ -97,7 +97,7 @@ def test_a_quantized_assistant_drafts_through_its_own_modules():
 
 @pytest.mark.parametrize("dtype, pair_name", [
     ("int8", "whisper-base+distilled"),  # the shipped pair: its lean int8 assistant, the main decoder in int8
-    pytest.param("int4", "whisper-base+truncated-2l", marks=pytest.mark.slow),  # the assistant quantized too
+    pytest.param("int4", "whisper-base+own-decoder", marks=pytest.mark.slow),  # its assistant quantized too
 ])
 def test_assisted_transcripts_equal_plain(registry, speech_real, dtype, pair_name):
     """End to end through the ASR pipeline, four real clips, four at a time: every transcript's tokens equal
