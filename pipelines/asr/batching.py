@@ -15,6 +15,7 @@ import numpy as np
 from ..audio import SAMPLE_RATE, AudioDecodeError
 from ..engine import DecodeStats
 from ..models.registry import Pair
+from .features import HALF, Span
 from .inputs import find_audio
 from .options import DroppedWindow, Progress, Segment, TranscribeOptions, Transcript
 from .prompts import PromptHistory, prefix_tokens, prompt_tokens, window_prompt
@@ -56,16 +57,22 @@ class _Cursor:
     dropped_windows: list[DroppedWindow] = field(default_factory=list)
     hist: Counter = field(default_factory=Counter)  # accepted drafts per round -> rounds
     cut: int = 0  # windows whose kept decode stopped at max_new_tokens, not at end of text
-    leftovers: list[tuple[int, np.ndarray]] = field(default_factory=list)  # chunked: (start, samples) to redo
+    leftovers: list[Span] = field(default_factory=list)  # chunked: the parts of chunks to redo
+    ceiling: float = -10.0  # the file's loudest log-mel frame: its features' floor is 8 below (features.py)
     last_speech: float = 0.0  # word timestamps: where the file's last word so far ends (whisper's heuristics)
 
 
-def _open(path: Path, options: TranscribeOptions) -> _Cursor:
-    """The file's cursor, on the audio track asked for, else its first with speech (``first_speech_track``)."""
+def _open(path: Path, options: TranscribeOptions, runner: WhisperRunner) -> _Cursor:
+    """The file's cursor, on the audio track asked for, else its first with speech (``first_speech_track``),
+    with the file's loudest log-mel frame (whisper's floor is 8 below it): from its samples when the reader
+    holds them all, else from a first pass over the file (its blocks streamed: memory stays bounded)."""
     track, chosen = (options.audio_track, False) if options.audio_track is not None else first_speech_track(path)
     reader = WindowReader(path, track)
     timestamps = options.timestamps or options.word_timestamps  # words need segments, as in whisper
-    return _Cursor(path, reader, single=reader.is_single_window() and not timestamps, track_chosen=chosen)
+    held = reader.whole()
+    ceiling = runner.loudest_frame([held] if held is not None else reader.again())
+    return _Cursor(path, reader, single=reader.is_single_window() and not timestamps, track_chosen=chosen,
+                   ceiling=ceiling)
 
 
 def _finish(cur: _Cursor, compare: bool) -> Transcript:
@@ -89,10 +96,11 @@ def _in_chunks(cur: _Cursor, options: TranscribeOptions) -> bool:
     return options.long_form == "chunked" and not cur.single
 
 
-def _next_chunk(cur: _Cursor, options: TranscribeOptions) -> tuple[int, np.ndarray] | None:
-    """The cursor's next piece of audio to decode: (start sample, samples), or None when the file is done.
-    Sequential mode gives the 30 s window at the seek (the seek moves after decoding, by the timestamps);
-    chunked mode cuts the window at a pause (``quiet_cut``) and moves the seek past it now."""
+def _next_chunk(cur: _Cursor, options: TranscribeOptions) -> Span | None:
+    """The cursor's next piece of audio to decode (with the file's samples around it and its loudest frame),
+    or None when the file is done. Sequential mode gives the 30 s window at the seek (the seek moves after
+    decoding, by the timestamps); chunked mode cuts the window at a pause (``quiet_cut``) and moves the seek
+    past it now."""
     if cur.leftovers:
         return cur.leftovers.pop(0)
     audio = cur.reader.window(cur.seek)
@@ -103,7 +111,7 @@ def _next_chunk(cur: _Cursor, options: TranscribeOptions) -> tuple[int, np.ndarr
         last = cur.reader.ended and start + len(audio) >= cur.reader.known_length
         audio = audio if last else audio[: quiet_cut(audio)]
         cur.seek += len(audio)
-    return start, audio
+    return Span(audio, start, *cur.reader.around(start, len(audio)), ceiling=cur.ceiling)
 
 
 @dataclass(frozen=True)
@@ -111,14 +119,22 @@ class _Piece:
     """Audio of one file to decode in this step."""
 
     cursor: _Cursor
-    start: int  # sample of the file where it starts
-    audio: np.ndarray
+    span: Span  # its samples, where it starts in the file (samples), the samples around it, the file's loudest frame
     prompt: list[int] | None  # the decoder's prompt: text prompt (if any), then ``sot``; None until detected
     sot: list[int] | None  # <|startoftranscript|> <|lang|> <|task|> [<|notimestamps|>]; None: language to detect
     encoded: object = None  # its encoder output when language detection already computed it
     forced: tuple[int, ...] = ()  # the prompt's last tokens, the transcript's start: [<|0.00|>] prefix (prompts.py)
     language: str | None = None  # auto: the language detected on this piece, and its probability
     language_probability: float | None = None
+
+    @property
+    def start(self) -> int:
+        """The sample of the file where it starts."""
+        return self.span.start
+
+    @property
+    def audio(self) -> np.ndarray:
+        return self.span.audio
 
 
 def _auto(runner: WhisperRunner, options: TranscribeOptions) -> bool:
@@ -143,7 +159,7 @@ def _detect_languages(runner: WhisperRunner, work: dict[bool, list[_Piece]], opt
     todo = [(mode, i) for mode, pieces in work.items() for i, p in enumerate(pieces) if p.sot is None]
     if not todo:
         return
-    hidden = runner.encode(runner.feats([work[mode][i].audio for mode, i in todo]))
+    hidden = runner.encode(runner.feats([work[mode][i].span for mode, i in todo]))
     for (mode, i), h, (language, p) in zip(todo, hidden, runner.languages_of(hidden)):
         piece = work[mode][i]
         piece.cursor.language = piece.cursor.language or language
@@ -159,10 +175,13 @@ def _gather(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOpt
     work: dict[bool, list[_Piece]] = {True: [], False: []}
     for cur in active:
         while not cur.done and sum(map(len, work.values())) < max(1, options.batch_size):
-            piece = _next_chunk(cur, options)
-            if piece is None:
+            span = _next_chunk(cur, options)
+            if span is None:
                 break
-            start, audio = piece[0], filter_speech(piece[1], options.vad_filter)
+            if options.vad_filter:  # the samples outside speech are zero, and the file around them reads so
+                span = replace(span, audio=filter_speech(span.audio, True), before=np.zeros_like(span.before),
+                               after=np.zeros_like(span.after))
+            audio = span.audio
             too_short = cur.reader.ended and cur.reader.known_length < MIN_AUDIO_SECONDS * SAMPLE_RATE
             if is_silent_window(audio) or too_short:
                 if not _in_chunks(cur, options):
@@ -175,7 +194,7 @@ def _gather(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOpt
                 if not _auto(runner, options):
                     cur.language = options.language or "en"
                     cur.prompt = runner.prompt(cur.language, options.task, timestamps=not cur.single)
-            piece = _Piece(cur, start, audio, None, None)
+            piece = _Piece(cur, span, None, None)
             work[not cur.single].append(piece if cur.prompt is None else _with_prompt(runner, piece, cur.prompt, options))
             if not _in_chunks(cur, options):
                 break  # sequential: the next window depends on this one's timestamps
@@ -202,7 +221,7 @@ def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptio
         for piece in pieces:
             groups.setdefault((timestamps, len(piece.prompt), len(piece.forced)), []).append(piece)
     for (timestamps, _, _), items in groups.items():
-        enc, encode_s = runner.encode_windows([p.audio for p in items], [p.encoded for p in items])
+        enc, encode_s = runner.encode_windows([p.span for p in items], [p.encoded for p in items])
         seeds = [window_seed(p.audio, p.start) for p in items]
         verdicts, calls = decide(runner, enc, [p.prompt for p in items], timestamps, options, seeds)
         for rows, result in calls:
@@ -253,19 +272,20 @@ def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptio
             if not _in_chunks(cur, options):
                 cur.seek += max(1, int(round(advance * SAMPLE_RATE)))
             else:
-                _keep_leftover(cur, start, audio, advance, voiced)
+                _keep_leftover(cur, piece.span, advance, voiced)
     for cur in active:
         cur.done = not cur.leftovers and cur.reader.ended and cur.seek >= cur.reader.known_length
     return sum(map(len, work.values()))
 
 
-def _keep_leftover(cur: _Cursor, start: int, audio: np.ndarray, advance: float, voiced: np.ndarray) -> None:
+def _keep_leftover(cur: _Cursor, chunk: Span, advance: float, voiced: np.ndarray) -> None:
     """Chunked mode: Whisper stopped at a complete segment before the chunk's end (its sequential
     algorithm would seek there). If 0.2 s or more of voice (``voiced``: the chunk's ``voiced_frames``)
     remains after that point, decode the rest as a chunk of its own."""
-    cut = int(round(advance * SAMPLE_RATE))
+    cut, audio = int(round(advance * SAMPLE_RATE)), chunk.audio
     if 0 < cut and len(audio) - cut >= SAMPLE_RATE and voiced[cut // (SAMPLE_RATE // 100):].sum() >= 20:
-        cur.leftovers.append((start + cut, audio[cut:]))
+        before = np.concatenate([chunk.before, audio[:cut]])[-HALF:]  # the file's samples before the cut
+        cur.leftovers.append(replace(chunk, audio=audio[cut:], start=chunk.start + cut, before=before))
 
 
 def _account(cur: _Cursor, result, row: int, share: float) -> None:
@@ -292,7 +312,7 @@ def _audio_expected(cur: _Cursor) -> float:
 
 def _audio_done(cur: _Cursor) -> float:
     """Seconds of the file behind its cursor (chunked mode: less the leftovers still to decode)."""
-    pending = sum(len(audio) for _, audio in cur.leftovers)
+    pending = sum(len(span.audio) for span in cur.leftovers)
     return max(0, min(cur.seek, cur.reader.known_length) - pending) / SAMPLE_RATE
 
 
@@ -327,7 +347,7 @@ def transcribe(paths: Iterable[str | Path], pair: Pair, options: TranscribeOptio
             path = queue.pop(0)
             t0 = time.perf_counter()
             try:
-                active.append(_open(path, options))
+                active.append(_open(path, options, runner))
             except AudioDecodeError as exc:
                 yield Transcript(str(path), "", 0.0, time.perf_counter() - t0, error=exc.reason)
             except OSError as exc:  # unreadable in a way the checks did not foresee: this file fails, the run goes on

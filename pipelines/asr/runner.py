@@ -7,7 +7,6 @@ from functools import cached_property
 
 import numpy as np
 
-from ..audio import SAMPLE_RATE
 from ..engine import (
     BeamOptions,
     DecodeOptions,
@@ -22,6 +21,7 @@ from ..engine import (
 from ..engine.beam import rank_score
 from ..models.pairs import load_pair
 from ..models.registry import Pair
+from .features import Span, as_span, log_mel, loudest_frame, mel_filters
 from .options import LanguageError, TranscribeOptions
 from .prompts import MAX_PROMPT_TOKENS, PromptTooLongError, prompt_tokens
 
@@ -183,14 +183,24 @@ class WhisperRunner:
         sot = self.model.generation_config.decoder_start_token_id
         return len(prompt) - prompt.index(sot) - len(self.prompt("en", "transcribe", timestamps))
 
-    def feats(self, windows: list[np.ndarray]):
-        """Whisper's log-mel features of ``windows`` (each at most 30 s at 16 kHz, padded to it): (windows, 80
-        or 128 mels, 3000 frames) on the model's device in its dtype. On a GPU the feature extractor's own
-        torch path computes them there (its ``device``): on an H200's host (16 cores) the CPU's short-time
-        Fourier transform took 0.3 s of a 1.0 s transcription of speech-real's 12 files (cProfile)."""
-        x = self.features(windows, sampling_rate=SAMPLE_RATE, return_tensors="pt",
-                          device=self.device).input_features
+    @cached_property
+    def mel_filters(self):
+        """The feature extractor's mel filters, (80 or 128 mels, 201) float32 on the model's device."""
+        return mel_filters(self.features, self.device)
+
+    def feats(self, windows: list[np.ndarray | Span]):
+        """openai/whisper's log-mel features of ``windows`` (``features.log_mel``: the slice of the file's log-mel,
+        its floor 8 below the file's loudest frame, zeros after the content frames): (windows, 80 or 128 mels,
+        3000 frames) on the model's device in its dtype. A window is a ``features.Span`` (16 kHz samples, at
+        most 30 s, with the file around them) or a bare array, a whole file (over 30 s: its first window). On a
+        GPU the transform runs there: on an H200's host (16 cores) the CPU's short-time Fourier transform took
+        0.3 s of a 1.0 s transcription of speech-real's 12 files (cProfile)."""
+        x = log_mel([as_span(w, self.mel_filters, self.device) for w in windows], self.mel_filters, self.device)
         return x.to(device=self.device, dtype=self.model.dtype)
+
+    def loudest_frame(self, blocks) -> float:
+        """A file's loudest log-mel frame from its blocks of samples (``features.loudest_frame``)."""
+        return loudest_frame(blocks, self.mel_filters, self.device)
 
     @cached_property
     def no_speech_id(self) -> int | None:
@@ -198,7 +208,7 @@ class WhisperRunner:
         vocab = self.tokenizer.get_vocab()
         return next((vocab[t] for t in ("<|nospeech|>", "<|nocaptions|>") if t in vocab), None)
 
-    def encode_windows(self, windows: list[np.ndarray], encoded: list | None = None) -> tuple[EncoderOutput, float]:
+    def encode_windows(self, windows: list[np.ndarray | Span], encoded: list | None = None) -> tuple[EncoderOutput, float]:
         """The encoder output for ``windows`` (windows, frames, d_model), reusing the ones already computed
         (``encoded``: per window, a language detection's output or None), and the seconds it took."""
         start = time.perf_counter()

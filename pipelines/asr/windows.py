@@ -3,25 +3,29 @@ and where to cut a chunk at a pause."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from ..audio import SAMPLE_RATE, DecodeReport, stream_audio
+from .features import HALF as CONTEXT
 from .options import CHUNK_MAX_SECONDS, CHUNK_MIN_SECONDS, SILENCE_RMS, WINDOW, WINDOW_SECONDS, Segment
 
 
 class WindowReader:
-    """Streams a file (its audio track ``track``) and serves 30 s windows from any later start; samples before
-    it are dropped."""
+    """Streams a file (its audio track ``track``) and serves 30 s windows from any later start, with the
+    ``CONTEXT`` samples around them that their first and last log-mel frames read; samples before that are
+    dropped."""
 
     def __init__(self, path: Path, track: int = 0) -> None:
+        self._path, self._track = path, track
         self._blocks = stream_audio(path, block_seconds=WINDOW_SECONDS, track=track)
         self._buf = np.zeros(0, dtype=np.float32)
         self._start = 0  # sample index of _buf[0]
         self._ended = False
-        self._fill(WINDOW + 1)  # decode errors surface here, before any work is done
+        self._fill(WINDOW + CONTEXT)  # decode errors surface here, before any work is done
 
     def _fill(self, end: int) -> None:
         while not self._ended and self._start + len(self._buf) < end:
@@ -46,10 +50,27 @@ class WindowReader:
         return self._blocks.report
 
     def window(self, start: int) -> np.ndarray:
-        self._fill(start + WINDOW + 1)
-        drop = max(0, start - self._start)
+        self._fill(start + WINDOW + CONTEXT)
+        drop = max(0, start - CONTEXT - self._start)
         self._buf, self._start = self._buf[drop:], self._start + drop
-        return self._buf[: WINDOW]
+        return self._buf[start - self._start: start - self._start + WINDOW]
+
+    def around(self, start: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """The samples just before and after the ``length`` samples from ``start`` (a window this reader served
+        last, or a part of it): up to ``CONTEXT`` each, fewer at the file's ends."""
+        at = start - self._start
+        return self._buf[max(0, at - CONTEXT):max(0, at)], self._buf[at + length:at + length + CONTEXT]
+
+    def whole(self) -> np.ndarray | None:
+        """The file's samples when this reader holds all of them (nothing dropped yet, and the file read to its
+        end, which a file of under two windows is here), else None."""
+        if self._start == 0 and self.known_length < 2 * WINDOW:
+            self._fill(self.known_length + 1)
+        return self._buf if self._ended and self._start == 0 else None
+
+    def again(self) -> Iterator[np.ndarray]:
+        """The file's samples from its start once more, as blocks (a second pass: memory stays bounded)."""
+        return iter(stream_audio(self._path, block_seconds=WINDOW_SECONDS, track=self._track))
 
     def is_single_window(self) -> bool:
         self._fill(WINDOW + 1)

@@ -5,9 +5,9 @@ word, in three layers that separate the causes of a gap:
 - ``method``: whisper's ``add_word_timestamps`` on every window Tandem decoded (the same tokens, window start
   and previous-speech time), fed Tandem's log-mel features of the window: what is left is the method itself
   (and the float rounding of two implementations of one model);
-- ``mel``: the same windows fed whisper's own log-mel, computed over the whole file (its floor 8 below the
-  file's loudest frame, not the window's) and the last window padded with zeros after the transform, where
-  transformers' feature extractor (Tandem's, faster-whisper's batched one) pads the audio before it;
+- ``mel``: the same windows fed whisper's own log-mel (``log_mel_spectrogram`` of the whole file, sliced and
+  padded as its ``transcribe`` does), which Tandem's features (``asr.features``) reproduce: what is left is
+  the features' rounding;
 - ``transcribe``: ``whisper.transcribe(word_timestamps=True)`` with Tandem's decoding options, compared on the
   segments both decoded to the same text: adds whisper's own decoding (its sampled fallbacks, its 224-token
   window) and where its windows start.
@@ -21,7 +21,7 @@ import argparse
 import difflib
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 from ..asr.options import Segment, TranscribeOptions
@@ -129,26 +129,6 @@ def recording_windows(windows: list[Window]) -> Iterator[None]:
         batching.add_word_timestamps = original
 
 
-@contextmanager
-def whisper_padding(runner) -> Iterator[None]:
-    """While open, ``runner``'s log-mel features pad a window shorter than 30 s as whisper's do: zeros after
-    the transform (transformers' extractor pads the audio before it; the frames of audio are the same). A
-    what-if for the ``transcribe`` layer: Tandem decoding on whisper's features."""
-    original = runner.feats
-
-    def feats(windows):
-        x = original(windows)
-        for i, audio in enumerate(windows):
-            x[i, :, len(audio) // 160:] = 0
-        return x
-
-    runner.feats = feats
-    try:
-        yield
-    finally:
-        del runner.feats
-
-
 @dataclass
 class Gaps:
     """Tandem's words against the reference's, over segments of the same text (words paired in order)."""
@@ -239,6 +219,7 @@ def compare_file(path: str, runner, model, options: TranscribeOptions, layers=LA
     from whisper.tokenizer import get_tokenizer
 
     from ..asr import transcribe
+    from ..asr.features import file_span
 
     windows: list[Window] = []
     with recording_windows(windows):
@@ -253,9 +234,10 @@ def compare_file(path: str, runner, model, options: TranscribeOptions, layers=LA
     with torch.no_grad():
         if "method" in layers:
             out["method"] = Gaps()
+            ceiling = runner.loudest_frame([audio])
             for w in windows:
-                start = round(w.offset * SAMPLE_RATE)
-                mel = runner.feats([audio[start:start + N_SAMPLES]])[0].float()
+                span = file_span(audio, round(w.offset * SAMPLE_RATE), ceiling=ceiling)
+                mel = runner.feats([span])[0].float()  # the features Tandem decoded the window from
                 out["method"].merge(replay_window(model, tokenizer, w, mel, options))
         if "mel" in layers:
             out["mel"] = Gaps()
@@ -290,8 +272,6 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--model", help="the pair (default: the registry's asr default)")
     p.add_argument("--layers", default=",".join(LAYERS), help=f"comma-separated, of {', '.join(LAYERS)}")
     p.add_argument("--no-assistant", action="store_true", help="Tandem decodes plainly")
-    p.add_argument("--whisper-padding", action="store_true",
-                   help="what if: Tandem's features pad short windows as whisper's (whisper_padding)")
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args(argv)
     layers = tuple(x for x in args.layers.split(",") if x)
@@ -309,8 +289,7 @@ def main(argv: list[str] | None = None) -> dict:
     totals = {layer: Gaps() for layer in layers}
     files = {}
     for item in items:
-        with whisper_padding(runner) if args.whisper_padding else nullcontext():
-            gaps = compare_file(item["audio_path"], runner, model, options, layers)
+        gaps = compare_file(item["audio_path"], runner, model, options, layers)
         files[item["id"]] = {layer: asdict(g) for layer, g in gaps.items()}
         for layer, g in gaps.items():
             totals[layer].merge(g)
