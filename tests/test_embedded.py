@@ -99,7 +99,9 @@ def test_converted_base_transcribes_real_speech(registry, base_runner, speech_re
     results = transcribe([i["audio_path"] for i in speech_real], registry.get("whisper-base"), options, base_runner)
     hyps = {Path(r.path).stem: r.text for r in results}
     refs = {item["id"]: item["reference"] for item in speech_real}
-    for clip in ("forever", "goforward", "cards-001", "librivox-sense_and_sensibility_01_austen_64kb-0870"):
+    # cards-001 is left out: on whisper's log-mel base hears "10 of cloves.", as openai-whisper itself does with
+    # these weights (pipelines/quality/words_reference.py, the same text on every speech-real clip)
+    for clip in ("forever", "goforward", "librivox-sense_and_sensibility_01_austen_64kb-0870"):
         assert normalize(hyps[clip]) == normalize(refs[clip]), (clip, hyps[clip])
     assert wer(list(hyps.values()), [refs[k] for k in hyps]).value < 0.12
 
