@@ -189,6 +189,15 @@ def test_prompts_and_search_make_another_record(change):
     assert run_signature("p", TranscribeOptions(**change)) != run_signature("p", TranscribeOptions())
 
 
+def test_records_from_the_old_features_are_not_resumed():
+    # 52451d96728ad670: the default options' signature before whisper's log-mel (asr/features.py) replaced
+    # transformers' per-window features; a folder written then holds transcripts of other encoder input
+    from pipelines.asr.options import TranscribeOptions
+    from pipelines.asr.outputs import run_signature
+
+    assert run_signature("p", TranscribeOptions()) != "52451d96728ad670"
+
+
 def test_the_history_reset_counts_only_with_conditioning():
     from pipelines.asr.options import TranscribeOptions
     from pipelines.asr.outputs import run_signature
