@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 
@@ -235,7 +237,7 @@ def test_progress_text_counts_windows_and_the_time_left_at_the_pace_so_far(monke
 
 @pytest.fixture(scope="module")
 def two_windows(speech_real, tmp_path_factory):
-    """speech-real's clips one after another: about 41 s, two windows."""
+    """speech-real's clips one after another: about 41 s, two windows or more."""
     import numpy as np
 
     from pipelines.audio import load_audio, write_wav
@@ -270,4 +272,7 @@ def test_transcribe_page_progress_counts_windows(models, two_windows):
     at.button(key="asr_run").click().run()
     assert not at.exception and not at.error
     closing = [c.value for c in at.caption if c.value.startswith("Done in")]
-    assert closing and "(window 2 of 2, 0:4" in closing[0] and "of audio)" in closing[0], closing
+    # whisper's seek decides how many windows 41 s take (2 or 3: each ends at its last timestamp); the closing
+    # line counts them all, of as many, over the whole file
+    counted = re.search(r"\(window (\d+) of (\d+), (0:4\d) of (0:4\d) of audio\)", closing[0]) if closing else None
+    assert counted and int(counted[1]) >= 2 and counted[1] == counted[2] and counted[3] == counted[4], closing
