@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib.util
 import struct
 import sys
+import types
+from pathlib import Path
 
 import pytest
 
@@ -109,6 +111,37 @@ def test_the_ggml_header_is_whisper_cpps(base_dir, tmp_path):
     assert magic == 0x67676D6C
     assert hparams == [51865, 1500, 512, 8, 6, 448, 512, 8, 6, 80, 1]
     assert struct.unpack("ii", head[48:56]) == (80, 201)
+
+
+def test_each_openvino_speech_row_reads_its_ir_at_its_precision(monkeypatch):
+    """``OPENVINO_WHISPER_ROWS`` is the rows' one source: each row compiles the IR of its weight format with its
+    precision hint (none: the plugin's default), and the formats exported are the rows' own, once each."""
+    from pipelines import audio
+    from pipelines.models import embedded
+
+    made = []
+
+    class FakePipeline:  # openvino_genai.WhisperPipeline as the adapter calls it
+        def __init__(self, folder, device, **properties):
+            made.append((folder, device, properties))
+
+        def get_generation_config(self):
+            return types.SimpleNamespace()
+
+        def generate(self, samples, config):
+            return types.SimpleNamespace(texts=[f" {samples} "])
+
+    monkeypatch.setitem(sys.modules, "openvino_genai", types.SimpleNamespace(WhisperPipeline=FakePipeline))
+    monkeypatch.setattr(embedded, "embedded_path", lambda name: Path("/source"))
+    monkeypatch.setattr(peers, "ov_ir_folder", lambda name, source, sha, task, fmt, log: Path(f"/ir/{fmt}"))
+    monkeypatch.setattr(audio, "load_audio", lambda path: path)
+    systems = peers.openvino_asr_systems(BASE, 3, "warm.wav", log=lambda line: None)
+    assert list(systems) == ["OpenVINO fp32", "OpenVINO bf16", "OpenVINO int8"]
+    assert made == [("/ir/fp32", "CPU", {"INFERENCE_NUM_THREADS": 3, "INFERENCE_PRECISION_HINT": "f32"}),
+                    ("/ir/fp32", "CPU", {"INFERENCE_NUM_THREADS": 3, "INFERENCE_PRECISION_HINT": "bf16"}),
+                    ("/ir/int8", "CPU", {"INFERENCE_NUM_THREADS": 3})]
+    assert peers.OPENVINO_WHISPER_FORMATS == ("fp32", "int8")
+    assert systems["OpenVINO int8"](["a.wav"]) == ["a.wav"]
 
 
 @pytest.mark.parametrize("adapter, names", [

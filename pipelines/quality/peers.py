@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import TandemError
@@ -34,12 +35,25 @@ ASR_PEERS = ("whispercpp", "openvino")
 TEXT_PEERS = ("llamacpp", "openvino")
 WHISPERCPP_PRECISIONS = ("f16", "q8_0")
 GGML_FILE = "ggml-model.bin"
-OPENVINO_WHISPER_FORMATS = ("fp32", "int8")  # optimum-cli's --weight-format
-# OpenVINO's rows: (row name, IR weight format, the CPU plugin's INFERENCE_PRECISION_HINT or None for its
-# default). The plugin's default computes in bfloat16 on a CPU with native bf16 (AVX-512 BF16, AMX) even for an
-# fp32 IR ("bf16" here: ``ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT")``), so the fp32 row asks
-# for f32 and the bf16 row is the fp32 IR at bf16; int8 (weights) keeps the default for its activations.
-OPENVINO_WHISPER_ROWS = (("fp32", "fp32", "f32"), ("bf16", "fp32", "bf16"), ("int8", "int8", None))
+
+
+@dataclass(frozen=True)
+class OvWhisperRow:
+    """One OpenVINO speech row: the IR's weight format (optimum-cli's ``--weight-format``) and the CPU plugin's
+    ``INFERENCE_PRECISION_HINT`` (None: the plugin's default)."""
+
+    weight_format: str
+    hint: str | None
+
+
+# OpenVINO's rows by name. The plugin's default computes in bfloat16 on a CPU with native bf16 (AVX-512 BF16,
+# AMX) even for an fp32 IR ("bf16" here: ``ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT")``), so the
+# fp32 row asks for f32 and the bf16 row is the fp32 IR at bf16; int8 (weights) keeps the default for its
+# activations.
+OPENVINO_WHISPER_ROWS = {"fp32": OvWhisperRow("fp32", "f32"), "bf16": OvWhisperRow("fp32", "bf16"),
+                         "int8": OvWhisperRow("int8", None)}
+# The IR formats the rows read (each exported once), in the rows' order: ("fp32", "int8").
+OPENVINO_WHISPER_FORMATS = tuple(dict.fromkeys(row.weight_format for row in OPENVINO_WHISPER_ROWS.values()))
 OV_ASR_TASK, OV_TEXT_TASK = "automatic-speech-recognition-with-past", "text-generation-with-past"  # its --task
 # The export venv: optimum-intel 2.2.0 needs transformers<5.6; torch pinned to the CPU build (a local wheel in
 # PIP_FIND_LINKS here) so pip does not pull CUDA's; openvino and its tokenizers equal to the runtime's.
@@ -262,19 +276,18 @@ def openvino_asr_systems(main, threads: int, warm_path: str, log=print) -> dict[
     if main.source != "embedded" or main.id not in WHISPER:
         raise PeerUnavailable(f"the pair's main model is {main}, not an embedded Whisper to export")
 
-    rows = {name: (weight_format, hint) for name, weight_format, hint in OPENVINO_WHISPER_ROWS}
-
     def load(name: str) -> dict[str, Transcriber]:
-        weight_format, hint = rows[name]
-        folder = ov_ir_folder(main.id, embedded_path(main.id), WHISPER[main.id].sha256, OV_ASR_TASK, weight_format, log)
-        precision = {} if hint is None else {"INFERENCE_PRECISION_HINT": hint}
+        row = OPENVINO_WHISPER_ROWS[name]
+        folder = ov_ir_folder(main.id, embedded_path(main.id), WHISPER[main.id].sha256, OV_ASR_TASK, row.weight_format,
+                              log)
+        precision = {} if row.hint is None else {"INFERENCE_PRECISION_HINT": row.hint}
         pipe = ov_pipeline(f"{main.id} {name}", lambda: openvino_genai.WhisperPipeline(
             str(folder), "CPU", INFERENCE_NUM_THREADS=threads, **precision))
         run = _openvino_transcriber(pipe)
         run([warm_path])
         return {f"OpenVINO {name}": run}
 
-    return each_precision("OpenVINO", tuple(rows), load, log)
+    return each_precision("OpenVINO", tuple(OPENVINO_WHISPER_ROWS), load, log)
 
 
 def gather_peers(peers: tuple[str, ...], adapters: dict[str, Callable[[], dict]], log=print) -> dict:
