@@ -5,6 +5,8 @@ streamed; and they equal openai-whisper's own (skipped where openai-whisper is n
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import soundfile as sf
@@ -64,6 +66,19 @@ def test_a_window_is_the_slice_of_the_files_log_mel(filters):
         assert torch.allclose(got[row], want, atol=1e-5, rtol=0), (seek, float((got[row] - want).abs().max()))
     assert got[-1][:, 1200:].eq(0).all() and got[-1][:, 1199].ne(0).all()  # zeros after the content frames
     assert float(got[0].min()) == pytest.approx((ceiling - 4.0) / 4.0, abs=1e-6)  # silence: the file's floor
+
+
+def test_a_chunk_is_followed_by_silent_frames_not_zeros(filters):
+    audio = _speechlike(75.0, seed=5)
+    ceiling = loudest_frame([audio], filters)
+    whisper, chunk = log_mel([file_span(audio, 4800, 12 * SR, ceiling=ceiling),
+                              replace(file_span(audio, 4800, 12 * SR, ceiling=ceiling), silence_after=True)], filters)
+    content = 12 * SR // HOP
+    assert torch.equal(chunk[:, :content], whisper[:, :content])  # the content frames are the same
+    assert whisper[:, content:].eq(0).all()  # whisper's pad_or_trim: zeros
+    silent = torch.tensor((ceiling - 8.0 + 4.0) / 4.0, dtype=torch.float32)
+    assert chunk[:, content:].eq(silent).all()  # the floor: a silent frame's value
+    assert float(chunk.min()) == pytest.approx(float(silent), abs=1e-6)
 
 
 def test_a_short_file_is_one_window_floored_by_itself(filters):
@@ -126,6 +141,7 @@ def test_a_files_pieces_carry_its_samples_around_them_and_its_floor(tmp_path, lo
     for name in ("audio", "before", "after"):
         assert np.array_equal(getattr(span, name), getattr(want, name)), name
     assert (span.start, span.ceiling) == (want.start, want.ceiling)
+    assert span.silence_after == (long_form == "chunked")  # a chunk reads as followed by silence
     if long_form == "chunked":  # the rest of a chunk, redone: the samples before it are the chunk's
         batching._keep_leftover(cur, span, 3.0, np.ones(len(span.audio) // 160, dtype=bool))
         rest = cur.leftovers[0]

@@ -111,7 +111,8 @@ def _next_chunk(cur: _Cursor, options: TranscribeOptions) -> Span | None:
         last = cur.reader.ended and start + len(audio) >= cur.reader.known_length
         audio = audio if last else audio[: quiet_cut(audio)]
         cur.seek += len(audio)
-    return Span(audio, start, *cur.reader.around(start, len(audio)), ceiling=cur.ceiling)
+    return Span(audio, start, *cur.reader.around(start, len(audio)), ceiling=cur.ceiling,
+                silence_after=_in_chunks(cur, options))  # a chunk reads as followed by silence (features.log_mel)
 
 
 @dataclass(frozen=True)

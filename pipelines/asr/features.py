@@ -41,14 +41,17 @@ _EMPTY = np.zeros(0, dtype=np.float32)
 class Span:
     """One window to compute features for: ``audio`` (16 kHz float32, at most 30 s: more is cut), where it starts
     in its file (``start``, samples), the file's samples just before it (``before``: file[start - 200:start],
-    fewer near the start) and after it (``after``: up to 200; fewer at the file's end, zeros follow), and the
-    file's loudest frame (``ceiling``: ``loudest_frame``'s; None: these samples are the whole file)."""
+    fewer near the start) and after it (``after``: up to 200; fewer at the file's end, zeros follow), the
+    file's loudest frame (``ceiling``: ``loudest_frame``'s; None: these samples are the whole file), and what
+    the frames after a window shorter than 30 s read (``silence_after``): whisper's zeros (False), or the
+    log-mel of silence, the floor (True: chunked long-form's chunks, ``log_mel``)."""
 
     audio: np.ndarray
     start: int = 0
     before: np.ndarray = field(default_factory=lambda: _EMPTY)
     after: np.ndarray = field(default_factory=lambda: _EMPTY)
     ceiling: float | None = None
+    silence_after: bool = False
 
     @property
     def frames(self) -> int:
@@ -168,7 +171,11 @@ def log_mel(spans: list[Span], filters, device="cpu"):
 
     L = log_power of each window's frames; floor = ceiling - 8 (the file's loudest frame, or the window's own
     when ``ceiling`` is None: its samples are the whole file); (max(L, floor) + 4) / 4; frames from
-    ``Span.frames`` on are 0 (whisper's ``pad_or_trim`` after the normalisation)."""
+    ``Span.frames`` on are 0 (whisper's ``pad_or_trim`` after the normalisation), or (floor + 4) / 4 where
+    ``Span.silence_after``: the value of a silent frame, what the model reads after audio padded with zeros
+    before the log-mel, as it was trained (a chunk cut at a pause, then silence). Measured on speech-long's
+    chunked long-form (bfloat16, plain, 8 chunks a batch): WER 4.57% with zeros after each chunk, 4.19% with
+    the floor, and as many tokens (2,922 and 2,913)."""
     import torch
 
     x = torch.from_numpy(np.stack([window_signal(s) for s in spans])).to(device)
@@ -182,4 +189,6 @@ def log_mel(spans: list[Span], filters, device="cpu"):
         feats = (torch.maximum(logs, floor) + 4.0) / 4.0
         content = torch.arange(_COMPUTED, device=x.device)[None, :] < torch.tensor([s.frames for s in spans],
                                                                                    device=x.device)[:, None]
-        return torch.where(content[:, None, :], feats, 0.0)[..., :FRAMES].contiguous()
+        silent = torch.tensor([s.silence_after for s in spans], device=x.device)[:, None, None]
+        after = torch.where(silent, (floor + 4.0) / 4.0, 0.0)  # (windows, 1, 1): a silent frame's value, or 0
+        return torch.where(content[:, None, :], feats, after)[..., :FRAMES].contiguous()

@@ -89,8 +89,9 @@ def run_signature(pair_name: str, options, subtitles: SubtitleOptions = Subtitle
             "long_form": options.long_form, "temperature": list(options.temperature),
             "thresholds": [options.compression_ratio_threshold, options.logprob_threshold, options.no_speech_threshold],
             # the encoder's input: openai/whisper's log-mel of the file (features.py) since 2026-12-07; a record
-            # made from transformers' per-window features before it was decoded from other input: redone
-            "features": "whisper-log-mel"}
+            # made from transformers' per-window features before it was decoded from other input: redone. Chunked
+            # long-form's chunks read as followed by silence (``Span.silence_after``) since the same day
+            "features": "whisper-log-mel" + ("+silent-chunk-ends" if options.long_form == "chunked" else "")}
     if options.vad_filter:  # only when on: folders written before the filter existed keep their signature
         keys["vad"] = "silero"
     if options.device != "cpu":  # likewise: a GPU's kernels (and its default dtype) give other bits than the CPU's
