@@ -10,6 +10,7 @@ The package is organised one module or package a concern (docs/architecture.md l
   regress and bench;
 - ``distill``   making an assistant for a main model that has none;
 - ``scale``     the batch job on Ray;
+- ``serve``     ``tandem serve``, the OpenAI-compatible HTTP server;
 - ``cli``       the ``tandem`` command.
 """
 
