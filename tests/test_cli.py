@@ -221,6 +221,26 @@ def test_counts_below_one_are_refused_by_the_parser(argv, capsys):
     assert "error: argument --" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--threads", "two", "models"], "argument --threads: expected a whole number from 1, not 'two'"),
+    (["ui", "--port", "70000"], "argument --port: expected a whole number from 1 to 65535, not '70000'"),
+    (["distill", "--main", "m", "--out", "x", "--lr", "nan"], "argument --lr: expected a number above 0, not 'nan'"),
+    (["transcribe", "a.wav", "--logprob-threshold", "low"], "argument --logprob-threshold: expected a number or "
+                                                             "'off', not 'low'"),
+    (["transcribe", "a.wav", "--temperature", "0,x"], "argument --temperature: expected comma-separated numbers, "
+                                                       "not '0,x'"),
+    (["bench", "asr", "--dtypes", "float32,int3"], "argument --dtypes: expected comma-separated dtypes of float32, "
+                                                   "bfloat16, float16, int8, int4, not 'float32,int3'"),
+    (["bench", "asr", "--peers", "vllm"], "argument --peers: vllm: choose from whispercpp, openvino"),
+    (["bench", "serve", "--clients", "1,0"], "argument --clients: whole numbers from 1, comma-separated, not '1,0'"),
+], ids=["count", "port", "positive", "threshold", "temperatures", "dtypes", "peers", "clients"])
+def test_a_value_of_the_wrong_kind_is_one_argument_error_saying_what_was_expected(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(message)
+
+
 def test_transcribe_reads_its_references_before_any_model_loads(tmp_path, speech_real, monkeypatch, capsys):
     """--refs that is missing, not JSON lines, or lacks 'reference' is one line and exit 2 before anything is
     transcribed (it was read after the whole run: a traceback for bad JSON); a manifest file named without a

@@ -9,7 +9,9 @@ and ``--output_format``; vLLM's ``--model``); Tandem's older spellings (``--pair
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -22,53 +24,50 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def argument_type(parse: Callable[[str], T], expected: str | None = None,
+                  errors: tuple[type[Exception], ...] = (ValueError,)) -> Callable[[str], T]:
+    """An argparse type from ``parse``: one of its ``errors`` becomes an argument error saying ``<expected>, not
+    '<text>'`` (``expected`` None: the error's own message), which argparse prints after the option's name."""
+
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except errors as err:
+            raise argparse.ArgumentTypeError(str(err) if expected is None else f"{expected}, not {text!r}") from None
+
+    return convert
+
+
 def whole_number(low: int, high: int | None = None) -> Callable[[str], int]:
     """An argparse type: a whole number from ``low`` (to ``high``), else an argument error saying the range."""
-    bounds = f"from {low}" + (f" to {high}" if high is not None else "")
 
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low or high is not None and value > high:
-            raise argparse.ArgumentTypeError(f"expected a whole number {bounds}, not {text!r}")
+    def in_range(text: str) -> int:
+        value = int(text)
+        if value < low or high is not None and value > high:
+            raise ValueError(text)
         return value
 
-    return parse
+    return argument_type(in_range, f"expected a whole number from {low}" + (f" to {high}" if high is not None else ""))
 
 
 count = whole_number(1)  # a count (items, repeats, rows, tokens, threads, a batch)
 port = whole_number(1, 65535)  # a TCP port
 
 
-def positive(text: str) -> float:
-    """A positive number from the command line (epochs, a learning rate, minutes)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number above 0, not {text!r}")
+def _above_zero(text: str) -> float:
+    value = float(text)
+    if not 0 < value < float("inf"):  # nan fails too
+        raise ValueError(text)
     return value
 
 
-def threshold(text: str) -> float | None:
-    """A threshold from the command line: a number, or 'off' (None: the check is off)."""
-    if text.lower() in ("off", "none"):
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number or 'off', not {text!r}") from None
-
-
-def temperatures(text: str) -> tuple[float, ...]:
-    """Comma-separated temperatures (Whisper's fallback schedule), e.g. ``0,0.2,0.4``."""
-    try:
-        return tuple(float(t) for t in text.split(",") if t.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, not {text!r}") from None
+positive = argument_type(_above_zero, "expected a number above 0")  # epochs, a learning rate, minutes
+# a threshold: a number, or 'off' (None: the check is off)
+threshold = argument_type(lambda text: None if text.lower() in ("off", "none") else float(text),
+                          "expected a number or 'off'")
+# Whisper's fallback schedule, comma-separated temperatures: ``0,0.2,0.4``
+temperatures = argument_type(lambda text: tuple(float(t) for t in text.split(",") if t.strip()),
+                             "expected comma-separated numbers")
 
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -197,12 +196,9 @@ WHISPER_SPELLINGS = (  # openai/whisper's command line spells these with undersc
 )
 
 
-def flag_value(text: str) -> bool:
-    """An on/off option's value in openai/whisper's spelling (``--word_timestamps True``): True or False, any case."""
-    value = {"true": True, "false": False}.get(text.lower())
-    if value is None:
-        raise argparse.ArgumentTypeError(f"expected True or False, not {text!r}")
-    return value
+# an on/off option's value in openai/whisper's spelling (``--word_timestamps True``): True or False, any case
+flag_value = argument_type(lambda text: {"true": True, "false": False}[text.lower()], "expected True or False",
+                           errors=(KeyError,))
 
 
 def add_whisper_spellings(parser: argparse.ArgumentParser) -> None:

@@ -3,12 +3,20 @@ through ``add_bench``; the shared types and options are in ``arguments``)."""
 
 from __future__ import annotations
 
-import argparse
-
 from ..devices import TORCH_WEIGHT_DTYPES, WEIGHT_DTYPES
 from ..errors import TandemError
 from ..quality.peers import ASR_PEERS, TEXT_PEERS, parse_peers
-from .arguments import DTYPES, WEIGHT_DTYPE_HELP, add_alias, add_command, add_dtype, add_model, add_report, count
+from .arguments import (
+    DTYPES,
+    WEIGHT_DTYPE_HELP,
+    add_alias,
+    add_command,
+    add_dtype,
+    add_model,
+    add_report,
+    argument_type,
+    count,
+)
 from .commands import cmd_bench_asr, cmd_bench_engine, cmd_bench_scale, cmd_bench_shapes, cmd_bench_text
 
 SPEECH_SETS = "speech-real,speech-synth,speech-long"
@@ -17,25 +25,21 @@ TEXT_BENCH_SETS = ("summarize-own", "translate-udhr")  # bench text's sets (qual
 
 def add_peers(b, known: tuple[str, ...], what: str) -> None:
     """``--peers NAME[,NAME...]``: other engines' rows beside Tandem's (``quality.peers``)."""
-    def parse(text: str) -> tuple[str, ...]:
-        try:
-            return parse_peers(text, known)
-        except TandemError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
-
+    parse = argument_type(lambda text: parse_peers(text, known), errors=(TandemError,))
     b.add_argument("--peers", type=parse, default=(), metavar=",".join(known),
                    help=f"CPU peers also run, comma-separated: {what} (the 'bench-peers' extra; a peer that cannot "
                         "run here prints its reason instead of a row)")
 
 
-def dtype_list(text: str) -> tuple[str, ...]:
-    """An argparse type: comma-separated dtypes a Whisper pair runs in (the float ones, int8, int4)."""
-    known = DTYPES + TORCH_WEIGHT_DTYPES
+def _dtype_names(text: str) -> tuple[str, ...]:
     names = tuple(t.strip() for t in text.split(",") if t.strip())
-    wrong = [n for n in names if n not in known]
-    if wrong or not names:
-        raise argparse.ArgumentTypeError(f"expected comma-separated dtypes of {', '.join(known)}, not {text!r}")
+    if not names or any(n not in DTYPES + TORCH_WEIGHT_DTYPES for n in names):
+        raise ValueError(text)
     return names
+
+
+# an argparse type: comma-separated dtypes a Whisper pair runs in (the float ones, int8, int4)
+dtype_list = argument_type(_dtype_names, f"expected comma-separated dtypes of {', '.join(DTYPES + TORCH_WEIGHT_DTYPES)}")
 
 
 def add_bench(sub) -> None:
@@ -120,12 +124,7 @@ def add_bench_text(sub) -> None:
 def add_bench_serve(sub) -> None:
     from ..serve.bench import cmd_bench_serve, parse_counts
 
-    def counts(text: str) -> tuple[int, ...]:
-        try:
-            return parse_counts(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"whole numbers from 1, comma-separated, not {text!r}") from None
-
+    counts = argument_type(parse_counts, "whole numbers from 1, comma-separated")
     b = add_command(sub, "serve", help="tandem serve under N concurrent openai clients: requests/s, audio s per wall "
                     "s, p50/p95 latency; batched vs one at a time, with and without the assistant (the 'serve' extra)")
     add_model(b, "asr pair (default: the registry's asr default)")
