@@ -117,6 +117,19 @@ def test_a_language_the_model_lacks_is_refused_before_any_weights_load(tmp_path,
     assert not (tmp_path / "out").exists()
 
 
+def test_file_formats_without_an_output_folder_are_refused_before_any_weights_load(speech_real, monkeypatch, capsys):
+    """-f srt (or json, vtt, tsv, all) writes files into -o's folder; without -o the transcripts are only printed,
+    so the formats would be dropped in silence: one line instead, before the weights load. txt alone is printed."""
+    from pipelines.models import pairs
+
+    good = next(i for i in speech_real if i["id"] == "goforward")["audio_path"]
+    monkeypatch.setattr(pairs, "load_model", lambda *a, **k: pytest.fail("weights were loaded"))
+    for formats in ("srt", "txt,json", "all"):
+        assert main(["transcribe", good, "-f", formats]) == 2
+        assert capsys.readouterr().err == (f"tandem: -f {formats} writes files: give -o DIR too (without -o the "
+                                           "transcripts are printed as text)\n")
+
+
 def test_absolute_glob_patterns(tmp_path, speech_real):
     from pipelines.asr import find_audio
 

@@ -89,7 +89,7 @@ def cmd_data_list(args: argparse.Namespace) -> int:
 def cmd_transcribe(args: argparse.Namespace) -> int:
     from .transcribe import output_formats, ray_options, run_transcribe, subtitle_options, transcribe_options
 
-    formats = output_formats(args.formats)
+    formats = output_formats(args.formats, args.out)
     return run_transcribe(args.paths, args.pair, transcribe_options(args, formats), refs=args.refs,
                           models=args.models, out=args.out, formats=formats, ray=ray_options(args),
                           subtitles=subtitle_options(args), force=args.force)

@@ -98,7 +98,8 @@ def add_transcribe(sub) -> None:
     p.add_argument("--force", action="store_true", help="redo and overwrite transcripts in the output folder "
                    "made with another pair or other decoding options (refused without it)")
     p.add_argument("-f", "--output-format", "--formats", dest="formats", default="txt", metavar="FORMATS",
-                   help="comma-separated: txt,json,srt,vtt,tsv, or all; into an --output-dir of finished "
+                   help="comma-separated: txt,json,srt,vtt,tsv, or all, written into --output-dir (without it only "
+                   "txt, printed; others are refused); into an --output-dir of finished "
                    "transcripts, the formats not there yet are written from each file's record, without decoding")
     add_alias(p, "--output_format", dest="formats", metavar="FORMATS")
     p.add_argument("--batch-size", type=count, default=4,

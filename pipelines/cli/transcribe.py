@@ -27,14 +27,18 @@ if TYPE_CHECKING:
     from ..engine import AssistedDecoder
 
 
-def output_formats(text: str) -> tuple[str, ...]:
+def output_formats(text: str, out: str | None = None) -> tuple[str, ...]:
     """``-f txt,srt`` as a tuple of formats (``all``: every one, as whisper's ``--output_format all``);
-    BatchError naming an unknown one."""
+    BatchError naming an unknown one, or formats other than txt without an output folder ``out`` (``-o``):
+    only there are files written (without it the transcripts are printed), so they would be dropped in
+    silence."""
     formats = tuple(f.strip().lower() for f in text.split(",") if f.strip())
     formats = FORMATS if formats == ("all",) else formats
     bad = [f for f in formats if f not in FORMATS]
     if bad:
         raise BatchError(f"unknown format {bad[0]!r}; choose from {', '.join(FORMATS)}, or all")
+    if not out and set(formats) - {"txt"}:
+        raise BatchError(f"-f {text} writes files: give -o DIR too (without -o the transcripts are printed as text)")
     return formats
 
 
