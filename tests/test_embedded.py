@@ -58,6 +58,24 @@ def test_damaged_cache_is_rebuilt(private_cache, damage):
     assert not list(path.parent.glob("whisper-base.tmp-*"))  # no half-written folder left behind
 
 
+def test_a_killed_builds_folder_is_removed_by_the_next_build(tmp_path):
+    """A build killed mid-way (no ``finally``) leaves its private folder; the next build of the same model,
+    holding the lock no other builder of it can hold, removes it. Other models' folders stay."""
+    final = tmp_path / "models" / "some-model"
+    final.parent.mkdir(parents=True)
+    killed = final.parent / "some-model.tmp-abc123"
+    (killed / "part").mkdir(parents=True)
+    other = final.parent / "other-model.tmp-xyz"
+    other.mkdir()
+
+    def build(folder):
+        (folder / WEIGHTS).write_bytes(b"weights")
+
+    assert cache.build_into(final, build, "0" * 64) == final
+    assert cache.is_complete(final, "0" * 64) and not killed.exists() and other.exists()
+    assert not list(final.parent.glob("some-model.tmp-*"))
+
+
 def test_wrong_source_checksum_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("TANDEM_CACHE", str(tmp_path))
     bad = embedded.EmbeddedWhisper(**{**embedded.WHISPER["whisper-base"].__dict__, "sha256": "f" * 64})
