@@ -76,8 +76,9 @@ def test_transcribe_goes_on_past_bad_files(tmp_path, speech_real, capsys):
     manifest = tmp_path / "refs.jsonl"
     manifest.write_text('{"id": "goforward", "audio": "goforward.wav", "reference": "go forward ten meters"}\n')
     code = main(["transcribe", str(folder), "--refs", str(manifest)])
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert code == 1  # some files failed
+    assert "loading the models...\n" in err  # the bar stays at 0 while they load: a line says why
     assert "goforward.wav" in out and "Go forward 10 meters" in out
     assert "broken.wav  FAILED: not an audio file" in out
     assert "empty.flac  FAILED: empty file" in out
@@ -139,6 +140,34 @@ def test_absolute_glob_patterns(tmp_path, speech_real):
     assert find_audio([str(tmp_path / "*.wav")]) == [tmp_path / "a.wav"]
     assert find_audio([str(tmp_path / "**" / "*.wav")]) == [tmp_path / "a.wav", tmp_path / "sub" / "b.wav"]
     assert find_audio([str(tmp_path)]) == [tmp_path / "a.wav", tmp_path / "sub" / "b.wav"]  # folders: audio names only
+
+
+def test_demo_says_what_it_builds_on_a_fresh_cache(tmp_path, speech_real, monkeypatch, capsys):
+    """On a fresh cache the demo's first minute went to fetching the sample audio, converting the embedded Whisper
+    weights and loading them, with nothing printed but a bar at 0% (a newcomer took it for a hang): a line on
+    stderr says what is being built, and none once it is cached."""
+    from pipelines import paths
+    from pipelines.cli import transcribe
+    from pipelines.models.embedded import embedded_path
+    from pipelines.quality import sets
+
+    runs = []
+    monkeypatch.setattr(transcribe, "run_transcribe", lambda inputs, *a, **k: runs.append(inputs) or 0)
+    real_models_dir, real_set_dir = paths.models_dir, sets.set_dir
+    monkeypatch.setattr(paths, "models_dir", lambda: tmp_path / "models")  # an empty cache: nothing converted
+    monkeypatch.setattr(sets, "set_dir", lambda name: tmp_path / "data" / name)  # nor built
+    assert main(["demo"]) == 0
+    err = capsys.readouterr().err
+    assert (f"building the sample set speech-real (pocketsphinx's test recordings, fetched with pip) into "
+            f"{tmp_path / 'data' / 'speech-real'} (first run only)...\n") in err
+    assert ("converting the embedded Whisper weights (whisper-base, whisper-base-distilled) into "
+            f"{tmp_path / 'models'} (first run only)...\n") in err
+    monkeypatch.setattr(paths, "models_dir", real_models_dir)
+    monkeypatch.setattr(sets, "set_dir", real_set_dir)
+    embedded_path("whisper-base-distilled")  # (whisper-base too) converted into the real cache
+    assert main(["demo"]) == 0
+    err = capsys.readouterr().err
+    assert "building" not in err and "converting" not in err and len(runs) == 2
 
 
 def test_console_script_help():

@@ -380,11 +380,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Build the real-speech sample set and transcribe it on the default ASR pair, also decoding plainly
     (--compare) so the summary shows the speedup and the identical-output rate next to the WER."""
     from ..asr.options import TranscribeOptions
-    from ..quality.sets import MANIFEST, build_set
-    from .transcribe import run_transcribe
+    from ..models.registry import load_registry
+    from ..paths import display
+    from ..quality.sets import MANIFEST, build_set, is_up_to_date, set_dir
+    from .transcribe import first_use_line, run_transcribe
 
+    if not is_up_to_date("speech-real"):
+        print(f"building the sample set speech-real (pocketsphinx's test recordings, fetched with pip) into "
+              f"{display(set_dir('speech-real'))} (first run only)...", file=sys.stderr)
     info = build_set("speech-real")
     print(f"sample audio: {info.count} real utterances in {info.folder / 'audio'}")
+    if line := first_use_line(load_registry(args.models).default("asr")):
+        print(line, file=sys.stderr)  # (not in transcribe: its refusals before any weights load are one line)
     options = TranscribeOptions(compare=True, batch_size=1, device=args.device)
     return run_transcribe([str(info.folder / "audio")], None, options, refs=str(info.folder / MANIFEST),
                           models=args.models)

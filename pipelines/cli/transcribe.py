@@ -154,6 +154,21 @@ def describe_mode(pair: Pair, options: TranscribeOptions, ray: RayOptions | None
             + (f", on Ray ({ray.describe()})" if ray else ""))
 
 
+def first_use_line(pair: Pair) -> str | None:
+    """"converting the embedded Whisper weights (whisper-base, ...) into DIR (first run only)...": what the first
+    run of ``pair`` does before its models load, or None when the cache holds its embedded models converted
+    (``embedded.is_built``)."""
+    from ..models.embedded import is_built
+    from ..paths import models_dir
+
+    refs = [r for r in (pair.main, pair.assistant) if r is not None and r.source == "embedded"]
+    names = [r.id for r in refs if not is_built(r.id)]
+    if not names:
+        return None
+    return (f"converting the embedded Whisper weights ({', '.join(names)}) into {display(models_dir())} "
+            "(first run only)...")
+
+
 def _progress(bar, start: float) -> Callable[[Transcript], None]:
     audio = [0.0]
 
@@ -313,6 +328,8 @@ def _report(job: BatchJob, ray: RayOptions | None, quiet: bool, refs: dict[str, 
         print(filled_line(job.fills, "writing"))
     for line in again_lines(job.again):
         print(f"decoding again: {line}")
+    if job.todo and not quiet and not ray:  # the bar stays at 0 until the pair is loaded and a file decoded
+        print("loading the models...", file=sys.stderr)
     bar = tqdm(total=len(job.todo), unit="file", disable=quiet or not job.todo, file=sys.stderr)
     engines: list[AssistedDecoder] = []
     try:

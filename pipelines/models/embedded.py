@@ -29,7 +29,7 @@ from .ct2 import read_ct2
 
 __all__ = ["ASSISTANTS_DIR", "DERIVED", "STAMP", "WEIGHTS", "WHISPER", "DerivedDecoder", "EmbeddedModelError",
            "EmbeddedWhisper", "ct2_folder", "distilled_path", "embedded_names", "embedded_path", "install_command",
-           "is_installed"]
+           "is_built", "is_installed"]
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,22 @@ def install_command(name: str) -> str:
     return f"pip install {spec.pip}"
 
 
+def is_built(name: str) -> bool:
+    """True when the cache holds embedded model ``name`` converted and complete, so that ``embedded_path``
+    returns at once; False when its first use will join, check and convert it (seconds to a minute), or when it
+    cannot be had (``embedded_path`` then says why)."""
+    folder = paths.models_dir() / name
+    try:
+        if name in embedded_gguf.GGUF:
+            return is_complete(folder, embedded_gguf.GGUF[name].sha256)
+        if name in DERIVED:
+            spec = DERIVED[name]
+            return is_built(spec.base) and is_complete(folder, _derived_source(spec, paths.models_dir() / spec.base)[0])
+        return name in WHISPER and is_complete(folder, WHISPER[name].sha256)
+    except (EmbeddedModelError, OSError, ValueError, KeyError):  # a damaged stamp or checkout: loading says why
+        return False
+
+
 def read_joined_bytes(spec: EmbeddedWhisper) -> bytes:
     """Join the model.bin parts in order and check their sha256 against the pinned value."""
     try:
@@ -186,14 +202,20 @@ def _trained_meta(spec: DerivedDecoder) -> dict:
     return meta
 
 
-def _derived_path(spec: DerivedDecoder) -> Path:
-    base_dir = embedded_path(spec.base)
+def _derived_source(spec: DerivedDecoder, base_dir: Path) -> tuple[str, dict | None]:
+    """The checksum a derived assistant's cached folder is stamped with (sha256 of base's weights, the layers
+    kept and, for a trained one, its layers file and draft vocabulary), and the trained one's description."""
     base_sha = json.loads((base_dir / STAMP).read_text())["weights_sha256"]
-    final = paths.models_dir() / spec.name
     trained = _trained_meta(spec) if spec.trained else None
     # a trained assistant: its layers and its draft vocabulary (assistant.json's, written into the built config)
     key = f"{base_sha}:{spec.layers}" + (f":{trained['sha256']}:{json.dumps(trained.get('draft_vocab'))}" if trained else "")
-    source = hashlib.sha256(key.encode()).hexdigest()
+    return hashlib.sha256(key.encode()).hexdigest(), trained
+
+
+def _derived_path(spec: DerivedDecoder) -> Path:
+    base_dir = embedded_path(spec.base)
+    final = paths.models_dir() / spec.name
+    source, trained = _derived_source(spec, base_dir)
     if is_complete(final, source):
         return final
     folder = ASSISTANTS_DIR / spec.trained if spec.trained else None

@@ -21,7 +21,7 @@ from .speech import (
     build_speech_synth,
     project_sentences,
 )
-from .store import MANIFEST, PROJECT_DATA, SetInfo, build_atomically, read_manifest, set_dir
+from .store import MANIFEST, PROJECT_DATA, SetInfo, build_atomically, is_built, read_manifest, set_dir
 from .text import (
     DEBIAN_MAX_ITEMS,
     DEBIAN_MIN_WORDS,
@@ -33,8 +33,8 @@ from .text import (
     project_documents,
 )
 
-__all__ = ["MANIFEST", "SETS", "DataBuildError", "SetInfo", "build_set", "project_documents", "project_sentences",
-           "read_manifest", "set_dir"]
+__all__ = ["MANIFEST", "SETS", "DataBuildError", "SetInfo", "build_set", "is_up_to_date", "project_documents",
+           "project_sentences", "read_manifest", "set_dir"]
 
 # ----------------------------------------------------------------------------------------------------
 
@@ -53,13 +53,24 @@ def _text_digest(filename: str) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else "missing"
 
 
-def build_set(name: str, force: bool = False) -> SetInfo:
-    """Build one set (or find it up to date). The recipe includes the project texts' digests, so
-    editing data/sentences.txt rebuilds the speech sets."""
+def _recipe(name: str) -> tuple[Callable[[Path], list[dict]], dict]:
+    """A set's builder and recipe; the recipe includes the project texts' digests, so editing
+    data/sentences.txt rebuilds the speech sets. DataBuildError for an unknown name."""
     if name not in SETS:
         raise DataBuildError(f"unknown set {name!r}; known: {', '.join(SETS)}")
     builder, recipe = SETS[name]
     recipe = dict(recipe)
     if "text" in recipe:
         recipe["text_sha"] = _text_digest(recipe["text"])
+    return builder, recipe
+
+
+def build_set(name: str, force: bool = False) -> SetInfo:
+    """Build one set (or find it up to date)."""
+    builder, recipe = _recipe(name)
     return build_atomically(name, recipe, builder, force)
+
+
+def is_up_to_date(name: str) -> bool:
+    """True when set ``name`` is built from its current recipe, so that ``build_set`` builds nothing."""
+    return is_built(set_dir(name), _recipe(name)[1])

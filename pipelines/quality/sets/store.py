@@ -68,7 +68,8 @@ def _recipe_hash(recipe: dict) -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _is_built(folder: Path, recipe: dict) -> bool:
+def is_built(folder: Path, recipe: dict) -> bool:
+    """True when ``folder`` holds a set built from ``recipe``, whole (its stamp names the recipe and the count)."""
     stamp = folder / STAMP
     if not stamp.is_file() or not (folder / MANIFEST).is_file():
         return False
@@ -81,7 +82,7 @@ def _is_built(folder: Path, recipe: dict) -> bool:
 def build_atomically(name: str, recipe: dict, build: Callable[[Path], list[dict]], force: bool) -> SetInfo:
     final = set_dir(name)
     with paths.build_lock(final):  # another process may be building it: wait, then look
-        if not force and _is_built(final, recipe):
+        if not force and is_built(final, recipe):
             return SetInfo(name, final, json.loads((final / STAMP).read_text())["count"], built=False)
         tmp = Path(tempfile.mkdtemp(prefix=name + ".tmp-", dir=final.parent))
         try:
