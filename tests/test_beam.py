@@ -253,3 +253,44 @@ def test_best_of_draws_n_samples_at_a_fallback_and_keeps_whispers_best(speech_re
         assert list(kept.tokens[0]) == samples[best] and kept.sum_logprobs[0] == drawn.sum_logprobs[best]
         first_kept += best == 0
     assert first_kept < len(clips)  # the ranking chose: not always the first sample
+
+
+@pytest.mark.parametrize("same_encoder", [False, True])
+@torch.inference_mode()  # as the engine runs its drafters
+def test_assistant_rows_follow_selections_when_it_next_drafts(setup, same_encoder):
+    """Beam search relabels its beams every round (``drafter.select``): the assistant's cache and encoder output
+    follow when it next drafts, the selections since composed into one copy (without the cross-attention keys
+    and values where every selection kept each row's encoder output, as beams of one input do), and its drafts
+    equal those of an assistant that copied everything at every selection."""
+    _, _, engine, enc, rules = setup
+
+    def started(clips):
+        drafter = engine.make_drafter(rules, MAX_NEW)
+        drafter.start([PROMPT] * 3, enc.select(torch.tensor(clips)), None)
+        return drafter
+
+    texts = started([0, 1, 2]).draft([4] * 3, [list(PROMPT)] * 3, [0] * 3, None, None, None).tokens
+    clips = [0, 0, 0] if same_encoder else [0, 1, 2]  # beams of one input, or three inputs
+
+    def primed():  # rows that said the three clips' openings, in the assistant's cache
+        drafter = started(clips)
+        drafter.update([[]] * 3, [0] * 3, texts)
+        seqs = [list(PROMPT) + t for t in texts]
+        first = drafter.draft([2] * 3, seqs, [len(t) for t in texts], None, None, None).tokens
+        drafter.update(first, [len(t) for t in first], first)  # every draft kept
+        return drafter, [s + t for s, t in zip(seqs, first)]
+
+    (deferred, seqs), (eager, _) = primed(), primed()
+    copies, select = [], deferred.cache.select
+    deferred.cache.select = lambda rows, host, cross: (copies.append((host, cross)), select(rows, host, cross))[1]
+    for keep in ([2, 0, 1], [1, 1, 2]):  # a relabelling, then two rows copying one
+        deferred.select(keep, same_encoder)
+        eager.select(keep)
+        eager._reorder()
+        seqs = [seqs[i] for i in keep]
+    assert copies == []  # nothing copied while it does not draft
+    lens = [len(s) - len(PROMPT) for s in seqs]
+    drafts = deferred.draft([3] * 3, seqs, lens, None, None, None).tokens
+    assert copies == [([0, 0, 1], not same_encoder)]  # one copy: row i is old row [2, 0, 1][[1, 1, 2][i]]
+    assert drafts == eager.draft([3] * 3, seqs, lens, None, None, None).tokens
+    assert drafts[0] == drafts[1] != drafts[2]

@@ -151,7 +151,7 @@ def _round(engine: AssistedDecoder, state: BeamRound, searches: list[Beams], lim
     _commit(state, cache, chunks, drafts, accepted, sources, tokens, engine.main.device)
     if drafter is not None:
         drafter.update(drafts, accepted, [dr[:a] for dr, a in zip(drafts, accepted)])
-        drafter.select(sources)
+        drafter.select(sources, same_encoder=True)  # beams stay within their input
         drafter.update([[] for _ in range(rows)], [0] * rows, [[] if t is None else [t] for t in tokens])
         policy.observe([len(dr) for dr in drafts], accepted, d_s, v_s, max(len(dr) for dr in drafts) + 1)
 

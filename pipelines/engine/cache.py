@@ -128,10 +128,11 @@ class RaggedCache:
         if self._real is not None:
             self._real = [r - c for r, c in zip(self._real, counts)]
 
-    def select(self, rows: torch.Tensor, host_rows: list[int] | None = None) -> None:
+    def select(self, rows: torch.Tensor, host_rows: list[int] | None = None, cross: bool = True) -> None:
         """Keep only ``rows`` (finished rows leave the batch and cost nothing more); ``host_rows``: the same
-        indices as a list, when the caller has them (no read from the device)."""
-        self.cache.reorder_cache(rows)
+        indices as a list, when the caller has them (no read from the device); ``cross=False``: the
+        cross-attention keys and values stay (each row's equals its source row's: beams of one input)."""
+        reorder_cache(self.cache, rows, cross)
         if self._real is not None:
             self._real = [self._real[i] for i in (rows.tolist() if host_rows is None else host_rows)]
         self.valid = self.valid.index_select(0, rows)
@@ -165,6 +166,17 @@ class RaggedCache:
         self.valid = new_valid
 
 
+def reorder_cache(cache, rows: torch.Tensor, cross: bool = True) -> None:
+    """``cache.reorder_cache(rows)`` (a ``LeanCache`` or a transformers cache); ``cross=False``: only the
+    self-attention keys and values (an encoder-decoder cache's cross-attention part stays)."""
+    if cross:
+        cache.reorder_cache(rows)
+    elif isinstance(cache, LeanCache):
+        cache.reorder_cache(rows, cross=False)
+    else:
+        getattr(cache, "self_attention_cache", cache).reorder_cache(rows)
+
+
 def _self_attention_layers(cache):
     inner = getattr(cache, "self_attention_cache", cache)
     return inner.layers
@@ -192,11 +204,11 @@ class LeanCache:
         self.layers = [_Layer() for _ in range(layers)]
         self.cross: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
-    def reorder_cache(self, rows: torch.Tensor) -> None:
+    def reorder_cache(self, rows: torch.Tensor, cross: bool = True) -> None:
         for layer in self.layers:
             if layer.keys is not None:
                 layer.keys, layer.values = layer.keys.index_select(0, rows), layer.values.index_select(0, rows)
-        if self.cross is not None:
+        if cross and self.cross is not None:
             self.cross = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.cross]
 
 

@@ -116,9 +116,10 @@ class StaticDraftCache(Pooled):
     def maybe_compact(self, threshold: float = 0.5) -> None:
         """Nothing to compact: a static cache has no holes."""
 
-    def select(self, rows: torch.Tensor, host_rows: list[int] | None = None) -> None:
-        """Keep only ``rows``: new buffers, so a graph of the old ones no longer applies (nor the pool)."""
-        self.cache.reorder_cache(rows)
+    def select(self, rows: torch.Tensor, host_rows: list[int] | None = None, cross: bool = True) -> None:
+        """Keep only ``rows``: new buffers, so a graph of the old ones no longer applies (nor the pool);
+        ``cross=False``: the cross-attention keys and values stay (``RaggedCache.select``)."""
+        self.cache.reorder_cache(rows, cross=cross)
         self.next_pos = self.next_pos.index_select(0, rows)
         self._rows = torch.arange(len(rows), device=self.device)[:, None]
         self.graph, self.feeds, self.fused, self.loop, self._pool = None, {}, {}, None, None

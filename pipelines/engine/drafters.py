@@ -47,8 +47,9 @@ class Drafter:
     def update(self, drafted: list[list[int]], accepted: list[int], emitted: list[list[int]]) -> None:
         pass
 
-    def select(self, keep: list[int]) -> None:
-        pass
+    def select(self, keep: list[int], same_encoder: bool = False) -> None:
+        """Keep rows ``keep``, in that order (finished rows leaving the batch, or beam search relabelling its
+        beams). ``same_encoder``: row i and row ``keep[i]`` read the same encoder output (beams of one input)."""
 
     def finish(self) -> None:
         """The request is over (a pooled static cache goes back to its pool)."""
@@ -89,7 +90,7 @@ class PromptLookup(Drafter):
         tokens = [self.lookup(b, seq, k) for b, (seq, k) in enumerate(zip(seqs, ks))]
         return Drafts(tokens, None, 0, time.perf_counter() - start)
 
-    def select(self, keep: list[int]) -> None:
+    def select(self, keep: list[int], same_encoder: bool = False) -> None:
         self.sources = [self.sources[i] for i in keep]
 
 
@@ -102,6 +103,9 @@ class ModelDrafter(Drafter):
         self.enc: EncoderOutput | None = None
         self.pending: list[list[int]] = []
         self._fed: list[int] = []
+        self._order: list[int] | None = None  # rows selected since the assistant last ran, not yet applied (select)
+        self._moves_encoder = False  # whether one of those selections moved rows to another encoder output
+        self._cache_rows = 0  # rows in the assistant's cache (``_reorder``: an order of every row in place is none)
         self._vocab: torch.Tensor | None = None  # the draft head's column -> id map on the device (_vocab_on_device)
 
     def start(self, prompts, enc, encoder_inputs) -> int:
@@ -117,6 +121,7 @@ class ModelDrafter(Drafter):
         # every position a row may reach: its prompt, max_new_tokens, and one past (static caches' capacity)
         self.cache = self.decoder.new_cache(len(prompts), capacity=max(len(p) for p in prompts) + self.max_new + 1)
         self.pending = [list(p) for p in prompts]
+        self._order, self._moves_encoder, self._cache_rows = None, False, len(prompts)
         return calls
 
     def _choose_greedy(self, logits: torch.Tensor, confidence: bool) -> list[tuple[int, float]]:
@@ -148,6 +153,7 @@ class ModelDrafter(Drafter):
 
     def draft(self, ks, seqs, gen_lens, sampling, generator, stop_below) -> Drafts:
         start = time.perf_counter()
+        self._reorder()
         if sampling is None and self.lookup is None and not self.rules.processors and self.decoder.device_steps:
             tokens, steps = self._draft_on_device(ks, seqs, gen_lens, stop_below)
             return Drafts(tokens, None, steps, time.perf_counter() - start)
@@ -227,6 +233,8 @@ class ModelDrafter(Drafter):
     def update(self, drafted, accepted, emitted) -> None:
         """Rejected drafts leave the assistant's cache (holes in a ragged one; a static one steps its
         positions back); tokens emitted but not yet fed to it become the next round's first input."""
+        if self._fed:  # it drafted this round: its cache rows must follow the rows' order before stepping back
+            self._reorder()
         rejected = []
         for b, (a, e) in enumerate(zip(accepted, emitted)):
             fed = self._fed[b] if self._fed else 0  # no draft this round: nothing was fed
@@ -241,15 +249,32 @@ class ModelDrafter(Drafter):
         if self.cache is not None:
             self.cache.release()
 
-    def select(self, keep: list[int]) -> None:
-        rows = from_host(keep, torch.long, self.decoder.device)
-        self.cache.select(rows, keep)
-        if self.enc is not None:
-            self.enc = self.enc.select(rows)
+    def select(self, keep: list[int], same_encoder: bool = False) -> None:
+        """Keep rows ``keep`` (``Drafter.select``). The rows' tokens to feed follow at once; the assistant's
+        cache and encoder output follow when it next drafts (``_reorder``), the selections since composed into
+        one copy: beam search relabels its beams every round, and while the policy drafted nothing, copying
+        them every round made assisted beam search 1.7x slower than plain (docs/transcription.md). With
+        ``same_encoder`` the cross-attention keys and values and the encoder output need no copy at all."""
+        self._order = keep if self._order is None else [self._order[i] for i in keep]
+        self._moves_encoder = self._moves_encoder or not same_encoder
         self.pending = [self.pending[i] for i in keep]
         self._fed = [self._fed[i] for i in keep] if self._fed else []
         if self.lookup is not None:
             self.lookup.select(keep)
+
+    def _reorder(self) -> None:
+        """Apply the rows selected since the assistant last ran: row i of its cache takes the old row
+        ``order[i]`` (nothing is copied when that is every row in place). The cross-attention keys and values
+        and the encoder output move too unless every selection kept each row's encoder output; where some did,
+        moving them by the composed order is still right, as those rows' encoder outputs are equal."""
+        order, moves, self._order, self._moves_encoder = self._order, self._moves_encoder, None, False
+        if order is None or order == list(range(self._cache_rows)):
+            return
+        rows = from_host(order, torch.long, self.decoder.device)
+        self.cache.select(rows, order, cross=moves)
+        if moves and self.enc is not None:
+            self.enc = self.enc.select(rows)
+        self._cache_rows = len(order)
 
 
 # A factory makes a fresh drafter for each request (rules and max_new_tokens are per request), so the

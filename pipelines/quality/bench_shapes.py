@@ -105,9 +105,9 @@ class OracleDrafter(Drafter):
     def finish(self) -> None:
         self.inner.finish()  # the inner drafter's pooled static cache goes back to its pool
 
-    def select(self, keep: list[int]) -> None:
+    def select(self, keep: list[int], same_encoder: bool = False) -> None:
         self.rows = [self.rows[i] for i in keep]
-        self.inner.select(keep)
+        self.inner.select(keep, same_encoder)
 
 
 def oracle(inner: DrafterFactory, reference: list[list[int]], acceptance: float, vocab: int, seed: int = 0) -> DrafterFactory:
@@ -142,7 +142,7 @@ class BeamRecorder(Drafter):
                 self.tree.setdefault((b // self.n, self.seqs[b]), t)  # new beams come best first: the best child
                 self.seqs[b] += (t,)
 
-    def select(self, keep: list[int]) -> None:
+    def select(self, keep: list[int], same_encoder: bool = False) -> None:
         for g in range(0, len(keep), self.n):  # per input: its beams' sources (a plain round steps every input once)
             self.steps += 1
             self.kept += sorted(keep[g : g + self.n]) == list(range(g, g + self.n))
@@ -174,8 +174,8 @@ class BeamOracle(OracleDrafter):
             tokens.append(truth[:hit] + [(t + 1) % self.vocab for t in truth[hit:]])
         return Drafts(tokens, None, d.steps, d.seconds)
 
-    def select(self, keep: list[int]) -> None:
-        self.inner.select(keep)
+    def select(self, keep: list[int], same_encoder: bool = False) -> None:
+        self.inner.select(keep, same_encoder)
 
 
 def beam_oracle(inner: DrafterFactory, recorder: BeamRecorder, acceptance: float, vocab: int,
