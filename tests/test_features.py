@@ -6,6 +6,7 @@ streamed; and they equal openai-whisper's own (skipped where openai-whisper is n
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -121,9 +122,13 @@ def test_the_reader_keeps_the_samples_around_its_window(tmp_path):
 
 
 class _Runner:
-    """What ``batching._open`` asks of a runner: the file's loudest frame."""
+    """What ``batching._open`` asks of a runner: the file's loudest frame (``calls``: how often)."""
+
+    def __init__(self):
+        self.calls = 0
 
     def loudest_frame(self, blocks):
+        self.calls += 1
         return loudest_frame(blocks)
 
 
@@ -163,3 +168,43 @@ def test_features_equal_openai_whispers(filters):
     for row, seek in enumerate(seeks):
         want = _whisper_window(mel, seek, len(audio) // HOP)
         assert torch.allclose(got[row], want, atol=1e-5, rtol=0), float((got[row] - want).abs().max())
+
+
+def test_a_file_of_one_window_is_floored_by_its_own_features_in_one_pass(speech_real, filters):
+    """speech-real's clips (real speech, each one window): ``_open`` runs no pass of its own; the window's
+    features, floored by their own frames, equal bit for bit those floored by the file's measured loudest frame
+    (the pass it ran before), alone and as a batch, and whisper's."""
+    runner, options = _Runner(), TranscribeOptions(audio_track=0)
+    spans, audios = [], []
+    for item in speech_real:
+        cur = batching._open(Path(item["audio_path"]), options, runner)
+        spans.append(batching._next_chunk(cur, options))
+        audios.append(cur.reader.whole())
+    assert runner.calls == 0 and all(span.ceiling is None for span in spans)
+    measured = [replace(span, ceiling=loudest_frame([audio], filters)) for span, audio in zip(spans, audios)]
+    for span, old, audio in zip(spans, measured, audios):
+        got = log_mel([span], filters)
+        assert torch.equal(got, log_mel([old], filters)), float((got - log_mel([old], filters)).abs().max())
+        want = _whisper_window(_whole_file_reference(audio, filters), 0, len(audio) // HOP)
+        assert torch.allclose(got[0], want, atol=1e-5, rtol=0)
+    assert torch.equal(log_mel(spans, filters), log_mel(measured, filters))
+
+
+@pytest.mark.parametrize("long_form", ["sequential", "chunked"])
+def test_a_later_piece_of_a_one_window_file_reads_the_files_floor(tmp_path, long_form):
+    audio = _speechlike(25.0, seed=6)
+    path = tmp_path / "short.wav"
+    sf.write(path, audio, SR, subtype="FLOAT")
+    runner, options = _Runner(), TranscribeOptions(long_form=long_form, timestamps=True, audio_track=0)
+    cur = batching._open(path, options, runner)
+    first = batching._next_chunk(cur, options)
+    assert (first.ceiling, len(first.audio), runner.calls) == (None, len(audio), 0)  # the whole file
+    if long_form == "chunked":  # the rest of the chunk, redone
+        batching._keep_leftover(cur, first, 3.0, np.ones(len(first.audio) // 160, dtype=bool))
+    else:  # the seek moved by the timestamps
+        cur.seek = 3 * SR
+    later = batching._next_chunk(cur, options)
+    assert later.start == 3 * SR and runner.calls == 1
+    assert later.ceiling == loudest_frame([audio])
+    vad = batching._open(path, replace(options, vad_filter=True), runner)  # VAD zeroes samples: measured first
+    assert runner.calls == 2 and vad.ceiling == later.ceiling

@@ -59,22 +59,36 @@ class _Cursor:
     cut: int = 0  # windows whose kept decode stopped at max_new_tokens, not at end of text
     leftovers: list[Span] = field(default_factory=list)  # chunked: the parts of chunks to redo
     ceiling: float = -10.0  # the file's loudest log-mel frame: its features' floor is 8 below (features.py)
+    measure: Callable[[], float] | None = None  # ``ceiling``'s pass, put off until a piece needs it (``_open``)
     last_speech: float = 0.0  # word timestamps: where the file's last word so far ends (whisper's heuristics)
 
 
 def _open(path: Path, options: TranscribeOptions, runner: WhisperRunner) -> _Cursor:
     """The file's cursor, on the audio track asked for, else its first with speech (``first_speech_track``),
     with the file's loudest log-mel frame (whisper's floor is 8 below it): from its samples when the reader
-    holds them all, else from a first pass over the file (its blocks streamed: memory stays bounded)."""
+    holds them all, else from a first pass over the file (its blocks streamed: memory stays bounded). A file of
+    one window held whole (samples unfiltered: no VAD) has it found by its first window's features, which are
+    all of its frames (``Span.ceiling`` None, ``_next_chunk``), the file's log-mel computed once as in whisper;
+    measured here only if another piece of it is decoded (``_ceiling``)."""
     track, chosen = (options.audio_track, False) if options.audio_track is not None else first_speech_track(path)
     reader = WindowReader(path, track)
     timestamps = options.timestamps or options.word_timestamps  # words need segments, as in whisper
     held = reader.whole()
+    cur = _Cursor(path, reader, single=reader.is_single_window() and not timestamps, track_chosen=chosen)
+    if held is not None and reader.is_single_window() and not options.vad_filter:
+        cur.measure = lambda: runner.loudest_frame([held])
+        return cur
     # A file past two windows is decoded twice (this pass, then its windows): not material, the second decode of
     # long-05.wav (288 s) took 0.04 s (as MP3 0.56 s) at load 7; all 815 s of speech-long transcribe in 28 s.
-    ceiling = runner.loudest_frame([held] if held is not None else reader.again())
-    return _Cursor(path, reader, single=reader.is_single_window() and not timestamps, track_chosen=chosen,
-                   ceiling=ceiling)
+    cur.ceiling = runner.loudest_frame([held] if held is not None else reader.again())
+    return cur
+
+
+def _ceiling(cur: _Cursor) -> float:
+    """The file's loudest log-mel frame, measured now if ``_open`` put it off."""
+    if cur.measure is not None:
+        cur.ceiling, cur.measure = cur.measure(), None
+    return cur.ceiling
 
 
 def _finish(cur: _Cursor, compare: bool) -> Transcript:
@@ -99,10 +113,10 @@ def _in_chunks(cur: _Cursor, options: TranscribeOptions) -> bool:
 
 
 def _next_chunk(cur: _Cursor, options: TranscribeOptions) -> Span | None:
-    """The cursor's next piece of audio to decode (with the file's samples around it and its loudest frame),
-    or None when the file is done. Sequential mode gives the 30 s window at the seek (the seek moves after
-    decoding, by the timestamps); chunked mode cuts the window at a pause (``quiet_cut``) and moves the seek
-    past it now."""
+    """The cursor's next piece of audio to decode (with the file's samples around it and its loudest frame, or
+    None where the piece is all of a file ``_open`` did not measure), or None when the file is done. Sequential
+    mode gives the 30 s window at the seek (the seek moves after decoding, by the timestamps); chunked mode cuts
+    the window at a pause (``quiet_cut``) and moves the seek past it now."""
     if cur.leftovers:
         return cur.leftovers.pop(0)
     audio = cur.reader.window(cur.seek)
@@ -113,7 +127,8 @@ def _next_chunk(cur: _Cursor, options: TranscribeOptions) -> Span | None:
         last = cur.reader.ended and start + len(audio) >= cur.reader.known_length
         audio = audio if last else audio[: quiet_cut(audio)]
         cur.seek += len(audio)
-    return Span(audio, start, *cur.reader.around(start, len(audio)), ceiling=cur.ceiling,
+    whole = cur.measure is not None and start == 0 and len(audio) == cur.reader.known_length  # floored by itself
+    return Span(audio, start, *cur.reader.around(start, len(audio)), ceiling=None if whole else _ceiling(cur),
                 silence_after=_in_chunks(cur, options))  # a chunk reads as followed by silence (features.log_mel)
 
 
@@ -288,7 +303,8 @@ def _keep_leftover(cur: _Cursor, chunk: Span, advance: float, voiced: np.ndarray
     cut, audio = int(round(advance * SAMPLE_RATE)), chunk.audio
     if 0 < cut and len(audio) - cut >= SAMPLE_RATE and voiced[cut // (SAMPLE_RATE // 100):].sum() >= 20:
         before = np.concatenate([chunk.before, audio[:cut]])[-HALF:]  # the file's samples before the cut
-        cur.leftovers.append(replace(chunk, audio=audio[cut:], start=chunk.start + cut, before=before))
+        cur.leftovers.append(replace(chunk, audio=audio[cut:], start=chunk.start + cut, before=before,
+                                     ceiling=_ceiling(cur)))  # not the whole file: the file's floor
 
 
 def _account(cur: _Cursor, result, row: int, share: float) -> None:
