@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -125,6 +126,11 @@ def _kill_worker_after_first(killed: list[int], after: list[int]):
             (pid,) = _worker_pids()
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
+            # a killed process stays listed until the kernel has torn it down (its memory freed: seconds on a
+            # busy machine), so a later result could see it still there: wait for it to go
+            deadline = time.monotonic() + 60
+            while pid in _worker_pids() and time.monotonic() < deadline:
+                time.sleep(0.05)
         else:
             after.extend(_worker_pids())
 
