@@ -66,3 +66,22 @@ def test_parse_policy_and_random_schedule():
     ks = [a.next_k(3) for _ in range(200)]
     assert ks == [b.next_k(3) for _ in range(200)]
     assert {k for row in ks for k in row} == set(range(0, 9))
+
+
+def test_a_round_that_catches_the_assistant_up_is_not_timed():
+    """The assistant is fed lazily: a round that drafts after one that did not first feeds it every token since
+    (a draft step there costs 60x one while drafting every round). The policy times the next round, drafting
+    as many tokens again, and keeps drafting where that pays; timing the catch-up switched a cheap assistant
+    off for good (beam search's probes on speech-real)."""
+    memory = CostMemory()
+    policy = Adaptive(1, 8, memory)
+    chosen, idle = [], True
+    for _ in range(40):
+        k = policy.next_k(1)[0]
+        chosen.append(k)
+        step_s = 0.180 if idle else 0.003  # per draft step: catching up, or drafting every round
+        policy.observe([k], [k], step_s * k, 0.015, k + 1)  # every draft accepted; a pass costs the same at any width
+        idle = k == 0
+    costs = memory.for_rows(1)
+    assert abs(costs.draft_step_s - 0.003) < 1e-9  # only rounds after a drafting one were timed
+    assert costs.stopped_at is None and sum(k > 0 for k in chosen) >= 35

@@ -134,7 +134,13 @@ class Adaptive(Policy):
     shortest lookahead whose verify pass is not timed yet (else 1). The wait is counted in the shared
     memory, across requests: a run of short requests (a folder of short clips) still probes, instead of
     staying plain after one unlucky start.
-    The first round of a request (prompt and cross-attention set-up) is not timed.
+    The first round of a request (prompt and cross-attention set-up) is not timed. Nor is the drafting of a
+    round after one that drafted nothing: the assistant is fed lazily, so such a round first feeds it every
+    token emitted since it last ran (a probe after 16 to 64 plain rounds; and in beam search, whose first
+    round cannot draft, its prompt and cross-attention set-up), which is not what a draft step costs while it
+    drafts every round; the next round drafts as many tokens again, and that one is timed. (Timed, a probe
+    of speech-real's beam search measured 177 ms a draft step against 67 ms a verify pass, and drafting
+    never came back.)
     """
 
     def __init__(self, k: int, k_max: int, memory: CostMemory | None = None) -> None:
@@ -142,6 +148,9 @@ class Adaptive(Policy):
         self.memory = memory or CostMemory()
         self.costs: Costs | None = None
         self.rounds = 0
+        self.chosen = 0  # the lookahead of the round being decoded
+        self.idle = True  # whether the last round drafted nothing (the assistant has tokens to catch up on)
+        self.again: int | None = None  # a lookahead to draft once more, timed (its last round caught up)
 
     def _verify_cost(self, n: int) -> float:
         table = self.costs.verify_s
@@ -174,7 +183,7 @@ class Adaptive(Policy):
     def next_k(self, rows: int) -> list[int]:
         c = self.costs = self.memory.for_rows(rows)
         c.rounds += 1
-        k = self._choose()
+        k = self.chosen = self._choose()
         c.plain_rounds += k == 0
         return [k] * rows
 
@@ -183,6 +192,9 @@ class Adaptive(Policy):
         c = self.costs
         if self.rounds >= 1 and (1 not in c.verify_s or self.rounds % 64 == 0):
             return 0  # measure a plain step (now and then): the cost every lookahead is compared with
+        if self.again is not None:  # the last round's drafts caught the assistant up: these are timed
+            k, self.again = self.again, None
+            return k
         if c.plain_left > 0:
             c.plain_left -= 1
             return self.probe_k() if c.plain_left == 0 else 0
@@ -199,6 +211,7 @@ class Adaptive(Policy):
         c = self.costs
         self.rounds += 1
         steps = max(drafted) if drafted else 0
+        catching_up, self.idle = self.idle, steps == 0
         if steps > 0:
             decay = 0.995  # older requests' acceptance fades (a window of a few hundred rounds)
             c.accepted, c.rejected = c.accepted * decay, c.rejected * decay
@@ -207,7 +220,9 @@ class Adaptive(Policy):
                 c.rejected += 1 if a < d else 0
         if self.rounds == 1:
             return  # the first round also fed the prompt and set up cross-attention: not a typical cost
-        if steps > 0:
+        if steps > 0 and catching_up:
+            self.again = self.chosen or steps  # (class docstring)
+        elif steps > 0:
             per_step = draft_s / steps
             c.draft_step_s = per_step if c.draft_step_s is None else 0.8 * c.draft_step_s + 0.2 * per_step
         old = c.verify_s.get(chunk)
