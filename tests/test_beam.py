@@ -76,6 +76,16 @@ def test_assisted_beam_equals_plain(setup, style, beam, policy):
     assert assisted_calls < plain_calls
 
 
+@pytest.mark.parametrize("policy", [PolicyOptions("heuristic", 2), PolicyOptions("confidence"), PolicyOptions()])
+def test_assisted_beam_equals_plain_with_every_policy(setup, policy):
+    """Every lookahead policy drives beam search (its first round cannot draft, and the policy is told of it:
+    the heuristic one once failed there), and the output is plain beam search's."""
+    options = BeamOptions(3)
+    plain = _beam(setup, 0, options)
+    assisted = _beam(setup, 0, options, use_drafter=True, policy=policy)
+    assert assisted.tokens == plain.tokens and assisted.sum_logprobs == plain.sum_logprobs
+
+
 def test_assisted_beam_with_timestamps_equals_plain(setup):
     from dataclasses import replace
 

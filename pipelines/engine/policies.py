@@ -53,6 +53,8 @@ class Heuristic(Policy):
         return list(self.ks)
 
     def observe(self, drafted, accepted, draft_s, verify_s, chunk) -> None:
+        if self.ks is None:  # a round before any lookahead was asked for (beam search's first: it cannot draft)
+            return
         self.ks = [min(self.k_max, k + 2) if a == d and d > 0 else max(1, k - 1)
                    for k, d, a in zip(self.ks, drafted, accepted)]
 
