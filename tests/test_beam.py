@@ -209,6 +209,8 @@ def test_beam_options_check_ranges():
     ({"length_penalty": 0.5}, "needs beam_size or best_of"),
     ({"beam_size": 0}, "beam_size must be at least 1"),
     ({"beam_size": 2, "length_penalty": 2.0}, "from 0 to 1"),
+    ({"beam_size": 100000}, "beam_size is 100000, at most 32"),  # (it once tried to allocate 307 GB)
+    ({"best_of": 33}, "best_of is 33, at most 32"),
 ])
 def test_transcribe_options_refuse_beam_combinations(fields, message):
     from pipelines.asr import TranscribeOptions

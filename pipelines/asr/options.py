@@ -76,9 +76,19 @@ class TranscribeOptions:
                              "decoded side by side, before the text before them is known")
 
 
+# beams or best_of samples a window at most: each is a decoder row of its own, for every window of a batch, with its
+# own cache (Whisper base in float32: 2 x 6 layers x 1500 x 512 x 4 bytes = 37 MB of cross-attention keys and
+# values a row); whisper's default is 5
+MAX_CANDIDATES = 32
+
+
 def check_search(options: TranscribeOptions) -> None:
     """Raise ValueError with a sentence for beam search or best-of options out of range or without their use
     (whisper decodes with beams at temperature 0 only, and samples best_of texts at the temperatures above)."""
+    for name, n in (("beam_size", options.beam_size), ("best_of", options.best_of)):
+        if n is not None and n > MAX_CANDIDATES:
+            raise ValueError(f"{name} is {n}, at most {MAX_CANDIDATES}: each is a decoder row with its own cache, "
+                             f"for every window of a batch (whisper's default is 5)")
     if options.beam_size is not None:
         BeamOptions(options.beam_size, options.patience, options.length_penalty)  # (its ranges)
         if 0.0 not in options.temperature:
