@@ -253,8 +253,11 @@ def summary_lines(run: BatchRun, job: BatchJob, refs: dict[str, str], out: str |
         assisted_s = sum(r.decode_seconds for r in compared)
         plain_s = sum(r.plain_seconds for r in compared)
         same = sum(bool(r.identical) for r in compared)
+        hotter = sum(r.retried for r in compared)  # sampled: compared in distribution (speculative sampling), not draws
         lines.append(f"  vs plain:        decoder {plain_s / max(assisted_s, 1e-9):.2f}x faster ({plain_s:.1f} s plain, "
-                     f"{assisted_s:.1f} s assisted, encoder excluded), identical outputs {same}/{len(compared)}")
+                     f"{assisted_s:.1f} s assisted, encoder excluded), identical outputs {same}/{len(compared)}"
+                     + (f" at temperature 0 (the {hotter} windows sampled hotter keep the main model's distribution, "
+                        "not its draws: their text may differ from a run without the assistant)" if hotter else ""))
     scored = [(r.text, refs[Path(r.path).stem]) for r in good if Path(r.path).stem in refs]
     if scored:
         score = wer([h for h, _ in scored], [r for _, r in scored], language=job.options.language or "en")
