@@ -76,22 +76,3 @@ def test_beam_search_with_a_poor_assistant_stops_drafting_and_says_so(speech_rea
     assert "go forward" in printed.lower()
     assert "assistant:       beam search: drafting stopped after round " in printed, printed
     assert "(drafts did not pay at these shapes)" in printed
-
-
-def test_identical_outputs_says_what_it_compares_when_windows_were_sampled():
-    """``--compare`` compares the temperature-0 decodes token for token; a window the safeguards sampled hotter
-    keeps the main model's distribution, not its draws, so the summary says so instead of a bare N/N."""
-    from types import SimpleNamespace
-
-    from pipelines.asr import TranscribeOptions
-    from pipelines.asr.batch import BatchRun
-    from pipelines.asr.options import Transcript
-    from pipelines.cli.transcribe import summary_lines
-
-    def line(retried):
-        t = Transcript("a.wav", "x", 1.0, 1.0, decode_seconds=1.0, plain_seconds=2.0, identical=True, retried=retried)
-        job = SimpleNamespace(options=TranscribeOptions(), again=(), not_audio=(), tree=None)
-        return next(x for x in summary_lines(BatchRun((t,), 0, 1.0, False), job, {}, None) if "vs plain" in x)
-
-    assert line(0).endswith("identical outputs 1/1")
-    assert "identical outputs 1/1 at temperature 0 (the 2 windows sampled hotter" in line(2)

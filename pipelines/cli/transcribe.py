@@ -179,7 +179,8 @@ def _progress(bar, start: float) -> Callable[[Transcript], None]:
         bar.write(f"{name}  [{result.duration:.1f} s audio]  {result.text}{cut}" if result.ok
                   else f"{name}  FAILED: {result.error}")
         audio[0] += result.duration
-        bar.set_postfix(audio=f"{audio[0]:.0f}s", rtf=f"{(time.perf_counter() - start) / max(audio[0], 1e-9):.3f}")
+        rtf = {"rtf": f"{(time.perf_counter() - start) / audio[0]:.3f}"} if audio[0] else {}  # none before any audio
+        bar.set_postfix(audio=f"{audio[0]:.0f}s", **rtf)
         bar.update(1)
 
     return show
