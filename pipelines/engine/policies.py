@@ -223,7 +223,7 @@ class Adaptive(Policy):
         if self.rounds == 1:
             return  # the first round also fed the prompt and set up cross-attention: not a typical cost
         if steps > 0 and catching_up:
-            self.again = self.chosen or steps  # (class docstring)
+            self.again = self.chosen  # (class docstring)
         elif steps > 0:
             per_step = draft_s / steps
             c.draft_step_s = per_step if c.draft_step_s is None else 0.8 * c.draft_step_s + 0.2 * per_step
