@@ -57,13 +57,14 @@ class Request(Counters):
     done: list[bool]
     out: list[list[int]]  # per original row: tokens emitted
     logprobs: list[float]  # per original row: sum of log p of the emitted tokens
+    fresh: list[bool]  # per batch row: its prompt is still pending (its first verify pass is to come)
 
     @classmethod
     def start(cls, prompts: list[list[int]]) -> Request:
         rows = len(prompts)
         return cls(seqs=[list(p) for p in prompts], prompt_lens=[len(p) for p in prompts],
                    pending=[list(p) for p in prompts], alive=list(range(rows)), done=[False] * rows,
-                   out=[[] for _ in range(rows)], logprobs=[0.0] * rows)
+                   out=[[] for _ in range(rows)], logprobs=[0.0] * rows, fresh=[True] * rows)
 
     def gen_lens(self) -> list[int]:
         """Tokens generated so far, per batch row."""
@@ -202,14 +203,16 @@ class AssistedDecoder:
                 rules: Rules, options: DecodeOptions) -> Verified:
         """One main pass over each row's pending tokens + drafts; the logits from each row's last pending
         token on, with the rules applied (the same rules as plain decoding, position by position)."""
-        first = req.rounds == 1 and options.logits_at is not None  # the prompt's own logits from that index on
+        # the fresh rows' prompt logits from ``logits_at`` on (rows joining a continuous batch come fresh later)
+        first = options.logits_at is not None and any(req.fresh)
         chunks = [p + dr for p, dr in zip(req.pending, drafts)]
         need = [len(p) - 1 for p in req.pending]
         if first:
-            need = [min(n, options.logits_at) for n in need]
+            need = [min(n, options.logits_at) if f else n for n, f in zip(need, req.fresh)]
         logits, _ = self.main.forward(chunks, cache, enc, self.pad_id, need_from=need)
-        if first:
+        if first:  # (B, V): read only at the rows that were fresh in this pass
             req.prompt_logits = logits[:, options.logits_at].clone()
+        req.fresh = [False] * len(req.fresh)
         req.main_calls += 1
         width = max(len(dr) for dr in drafts) + 1
         # each live row's logits from its last pending token on: (B, width, V), -inf past its drafts
@@ -317,6 +320,7 @@ class AssistedDecoder:
         req.done = [False] * len(keep_rows)
         req.prompt_lens = [req.prompt_lens[b] for b in keep_rows]
         req.pending = [req.pending[b] for b in keep_rows]
+        req.fresh = [req.fresh[b] for b in keep_rows]
         index = from_host(keep_rows, torch.long, self.main.device)
         cache.select(index, keep_rows)
         if drafter is not None:

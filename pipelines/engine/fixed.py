@@ -114,6 +114,17 @@ class FixedCache(Pooled):
             self.cross = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.cross]
         self.next_pos = [self.next_pos[i] for i in (rows.tolist() if host_rows is None else host_rows)]
 
+    def grow(self, rows: int) -> None:
+        """``rows`` more rows after the others, empty (a continuous batch's new slots); the width stays."""
+        def more(t: torch.Tensor) -> torch.Tensor:
+            return torch.cat([t, t.new_zeros((rows,) + tuple(t.shape[1:]))])
+
+        self.keys, self.values = [more(k) for k in self.keys], [more(v) for v in self.values]
+        self.graph, self.choices, self.cross_graph, self._pool = None, {}, None, None  # new buffers (``select``)
+        if self.cross is not None:
+            self.cross = [(more(k), more(v)) for k, v in self.cross]
+        self.next_pos = self.next_pos + [0] * rows
+
     def maybe_compact(self, threshold: float = 0.5) -> None:
         """Nothing to compact: a static cache has no holes."""
 
@@ -283,6 +294,18 @@ class FixedShapeDecoder(Decoder):
             def store(buffer: torch.Tensor, new: torch.Tensor) -> None:
                 buffer[rows, :, slots] = new[rows, :, cols]
         return store
+
+    def join_row(self, cache: FixedCache, row: int, enc: EncoderOutput | None) -> None:
+        """Give slot ``row`` of a running request's cache to a new sequence (a continuous batch's join,
+        ``continuous.py``): its positions start again from 0 (the old keys and values are written over before any
+        query of the new sequence reads them) and, once the request's cross-attention is set, that slot's keys and
+        values come from ``enc`` (1, S, D), the new sequence's encoder output (``_join_cross``)."""
+        cache.next_pos[row] = 0
+        if enc is not None and cache.cross is not None and not cache.needs_cross():
+            self._join_cross(cache, row, enc)
+
+    def _join_cross(self, cache: FixedCache, row: int, enc: EncoderOutput) -> None:
+        """Write one slot's cross-attention keys and values from ``enc`` (1, S, D) (a decoder that reads an encoder)."""
 
     def _begin(self, cache: FixedCache, enc: EncoderOutput | None) -> None:
         """Per-request preparation before the first pass (e.g. cross-attention keys and values)."""

@@ -32,6 +32,10 @@ class Policy:
     def select(self, keep: list[int]) -> None:
         pass
 
+    def catch_up(self) -> None:
+        """The assistant was started afresh on the rows (a continuous batch's join): its next drafting round
+        first feeds it every row's tokens so far."""
+
 
 class Constant(Policy):
     def __init__(self, k: int) -> None:
@@ -208,6 +212,9 @@ class Adaptive(Policy):
             return 0
         c.plain_wait = 16  # drafting pays again: the next failed probe waits the shortest time
         return k
+
+    def catch_up(self) -> None:
+        self.idle = True  # that round is not timed (class docstring)
 
     def observe(self, drafted, accepted, draft_s, verify_s, chunk) -> None:
         c = self.costs

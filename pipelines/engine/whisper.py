@@ -140,6 +140,14 @@ class WhisperDecoder(FixedShapeDecoder):
         cache.cross_graph(enc.hidden)
         cache.cross_filled()
 
+    def _join_cross(self, cache: FixedCache, row: int, enc: EncoderOutput) -> None:
+        """Slot ``row``'s cross-attention keys and values from the joining sequence's encoder output alone, written
+        in place (the buffers a captured pass reads)."""
+        for layer, (keys, values) in zip(self.decoder.layers, cache.cross):
+            k, v = self._cross(layer, enc.hidden)
+            keys[row : row + 1].copy_(k)
+            values[row : row + 1].copy_(v)
+
     def _cross(self, layer, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         a = layer.encoder_attn
         return self._split(a.k_proj(hidden)), self._split(a.v_proj(hidden))
