@@ -13,7 +13,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from pipelines.asr import batching
+from pipelines.asr import batching, cursors
 from pipelines.asr.features import HALF, HOP, N_FFT, SAMPLES, Span, file_span, log_mel, loudest_frame, mel_filters
 from pipelines.asr.options import TranscribeOptions
 from pipelines.asr.windows import WindowReader
@@ -122,7 +122,7 @@ def test_the_reader_keeps_the_samples_around_its_window(tmp_path):
 
 
 class _Runner:
-    """What ``batching._open`` asks of a runner: the file's loudest frame (``calls``: how often)."""
+    """What ``cursors.open_cursor`` asks of a runner: the file's loudest frame (``calls``: how often)."""
 
     def __init__(self):
         self.calls = 0
@@ -138,7 +138,7 @@ def test_a_files_pieces_carry_its_samples_around_them_and_its_floor(tmp_path, lo
     path = tmp_path / "long.wav"
     sf.write(path, audio, SR, subtype="FLOAT")
     options = TranscribeOptions(long_form=long_form, timestamps=True, audio_track=0)
-    cur = batching._open(path, options, _Runner())
+    cur = cursors.open_cursor(path, options, _Runner())
     assert cur.ceiling == pytest.approx(loudest_frame([audio]), abs=1e-6)
     cur.seek = 12345 * 2
     span = batching._next_chunk(cur, options)
@@ -171,13 +171,13 @@ def test_features_equal_openai_whispers(filters):
 
 
 def test_a_file_of_one_window_is_floored_by_its_own_features_in_one_pass(speech_real, filters):
-    """speech-real's clips (real speech, each one window): ``_open`` runs no pass of its own; the window's
+    """speech-real's clips (real speech, each one window): ``open_cursor`` runs no pass of its own; the window's
     features, floored by their own frames, equal bit for bit those floored by the file's measured loudest frame
     (the pass it ran before), alone and as a batch, and whisper's."""
     runner, options = _Runner(), TranscribeOptions(audio_track=0)
     spans, audios = [], []
     for item in speech_real:
-        cur = batching._open(Path(item["audio_path"]), options, runner)
+        cur = cursors.open_cursor(Path(item["audio_path"]), options, runner)
         spans.append(batching._next_chunk(cur, options))
         audios.append(cur.reader.whole())
     assert runner.calls == 0 and all(span.ceiling is None for span in spans)
@@ -196,7 +196,7 @@ def test_a_later_piece_of_a_one_window_file_reads_the_files_floor(tmp_path, long
     path = tmp_path / "short.wav"
     sf.write(path, audio, SR, subtype="FLOAT")
     runner, options = _Runner(), TranscribeOptions(long_form=long_form, timestamps=True, audio_track=0)
-    cur = batching._open(path, options, runner)
+    cur = cursors.open_cursor(path, options, runner)
     first = batching._next_chunk(cur, options)
     assert (first.ceiling, len(first.audio), runner.calls) == (None, len(audio), 0)  # the whole file
     if long_form == "chunked":  # the rest of the chunk, redone
@@ -206,5 +206,5 @@ def test_a_later_piece_of_a_one_window_file_reads_the_files_floor(tmp_path, long
     later = batching._next_chunk(cur, options)
     assert later.start == 3 * SR and runner.calls == 1
     assert later.ceiling == loudest_frame([audio])
-    vad = batching._open(path, replace(options, vad_filter=True), runner)  # VAD zeroes samples: measured first
+    vad = cursors.open_cursor(path, replace(options, vad_filter=True), runner)  # VAD zeroes samples: measured first
     assert runner.calls == 2 and vad.ceiling == later.ceiling

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from ..audio import SAMPLE_RATE, AudioDecodeError
-from ..engine import DecodeStats
+from ..audio import SAMPLE_RATE
 from ..models.registry import Pair
+from .cursors import Cursor, account, ceiling_of, finish, open_files, progress_of
 from .features import HALF, Span
 from .inputs import find_audio
 from .options import DroppedWindow, Progress, Segment, TranscribeOptions, Transcript
@@ -22,99 +21,19 @@ from .prompts import PromptHistory, prefix_tokens, prompt_tokens, window_prompt
 from .runner import WhisperRunner, check_prompts
 from .safeguards import MIN_AUDIO_SECONDS, decide
 from .segments import clamp_segments, describe_segments, split_at_pauses, tighten_segments, timed_pieces
-from .tracks import first_speech_track
 from .vad import filter_speech, require_vad
-from .windows import WindowReader, decode_fields, in_container_time, is_silent_window, quiet_cut, voiced_frames
+from .windows import is_silent_window, quiet_cut, voiced_frames
 from .words import add_word_timestamps, seek_after_words
 
 
-@dataclass
-class _Cursor:
-    """One file being decoded: where it is and what it has produced."""
-
-    path: Path
-    reader: WindowReader
-    single: bool  # the file fits one window
-    track_chosen: bool = False  # its audio track was chosen as the first with speech (none was asked for)
-    seek: int = 0  # sample where the next window starts
-    segments: list[Segment] = field(default_factory=list)
-    language: str | None = None  # the file's: the fixed one, or (auto) its first decoded window's, as whisper's
-    started: bool = False  # its first piece was gathered (history and fixed prompt set)
-    prompt: list[int] | None = None  # fixed language: <|startoftranscript|> <|lang|> <|task|> [<|notimestamps|>]
-    history: PromptHistory = field(default_factory=PromptHistory)  # the text prompt's tokens so far (prompts.py)
-    seconds: float = 0.0
-    decode_seconds: float = 0.0
-    plain_seconds: float = 0.0
-    identical: bool = True
-    tokens: int = 0
-    main_calls: float = 0.0
-    drafted: float = 0.0
-    accepted: float = 0.0
-    done: bool = False
-    retried: int = 0
-    skipped: int = 0
-    dropped: int = 0
-    dropped_windows: list[DroppedWindow] = field(default_factory=list)
-    hist: Counter = field(default_factory=Counter)  # accepted drafts per round -> rounds
-    cut: int = 0  # windows whose kept decode stopped at max_new_tokens, not at end of text
-    leftovers: list[Span] = field(default_factory=list)  # chunked: the parts of chunks to redo
-    ceiling: float = -10.0  # the file's loudest log-mel frame: its features' floor is 8 below (features.py)
-    measure: Callable[[], float] | None = None  # ``ceiling``'s pass, put off until a piece needs it (``_open``)
-    last_speech: float = 0.0  # word timestamps: where the file's last word so far ends (whisper's heuristics)
-
-
-def _open(path: Path, options: TranscribeOptions, runner: WhisperRunner) -> _Cursor:
-    """The file's cursor, on the audio track asked for, else its first with speech (``first_speech_track``),
-    with the file's loudest log-mel frame (whisper's floor is 8 below it): from its samples when the reader
-    holds them all, else from a first pass over the file (its blocks streamed: memory stays bounded). A file of
-    one window held whole (samples unfiltered: no VAD) has it found by its first window's features, which are
-    all of its frames (``Span.ceiling`` None, ``_next_chunk``), the file's log-mel computed once as in whisper;
-    measured here only if another piece of it is decoded (``_ceiling``)."""
-    track, chosen = (options.audio_track, False) if options.audio_track is not None else first_speech_track(path)
-    reader = WindowReader(path, track)
-    timestamps = options.timestamps or options.word_timestamps  # words need segments, as in whisper
-    held = reader.whole()
-    cur = _Cursor(path, reader, single=reader.is_single_window() and not timestamps, track_chosen=chosen)
-    if held is not None and reader.is_single_window() and not options.vad_filter:
-        cur.measure = lambda: runner.loudest_frame([held])
-        return cur
-    # A file past two windows is decoded twice (this pass, then its windows): not material, the second decode of
-    # long-05.wav (288 s) took 0.04 s (as MP3 0.56 s) at load 7; all 815 s of speech-long transcribe in 28 s.
-    cur.ceiling = runner.loudest_frame([held] if held is not None else reader.again())
-    return cur
-
-
-def _ceiling(cur: _Cursor) -> float:
-    """The file's loudest log-mel frame, measured now if ``_open`` put it off."""
-    if cur.measure is not None:
-        cur.ceiling, cur.measure = cur.measure(), None
-    return cur.ceiling
-
-
-def _finish(cur: _Cursor, compare: bool) -> Transcript:
-    cur.segments.sort(key=lambda seg: seg.start)  # chunked mode may decode a leftover after later chunks
-    text = " ".join(s.text for s in cur.segments).strip()
-    report = cur.reader.report
-    at = report.start_offset  # dropped windows count from the container's start, as the segments do
-    dropped = tuple(replace(w, start=round(w.start + at, 3), end=round(w.end + at, 3)) for w in cur.dropped_windows)
-    return Transcript(
-        str(cur.path), text, cur.reader.known_length / SAMPLE_RATE, cur.seconds, None,
-        tuple(in_container_time(cur.segments, report)),
-        cur.language, cur.tokens, cur.main_calls, cur.drafted, cur.accepted, cur.decode_seconds,
-        cur.plain_seconds if compare else None, cur.identical if compare else None, cur.retried, cur.skipped, cur.dropped,
-        dict(sorted(cur.hist.items())), cur.cut, "length" if cur.cut else "stop", **decode_fields(report, cur.track_chosen),
-        dropped_windows=dropped,
-    )
-
-
-def _in_chunks(cur: _Cursor, options: TranscribeOptions) -> bool:
+def _in_chunks(cur: Cursor, options: TranscribeOptions) -> bool:
     """Whether this file is cut into independent chunks (chunked mode, longer than one window)."""
     return options.long_form == "chunked" and not cur.single
 
 
-def _next_chunk(cur: _Cursor, options: TranscribeOptions) -> Span | None:
+def _next_chunk(cur: Cursor, options: TranscribeOptions) -> Span | None:
     """The cursor's next piece of audio to decode (with the file's samples around it and its loudest frame, or
-    None where the piece is all of a file ``_open`` did not measure), or None when the file is done. Sequential
+    None where the piece is all of a file ``open_cursor`` did not measure), or None when the file is done. Sequential
     mode gives the 30 s window at the seek (the seek moves after decoding, by the timestamps); chunked mode cuts
     the window at a pause (``quiet_cut``) and moves the seek past it now."""
     if cur.leftovers:
@@ -128,7 +47,7 @@ def _next_chunk(cur: _Cursor, options: TranscribeOptions) -> Span | None:
         audio = audio if last else audio[: quiet_cut(audio)]
         cur.seek += len(audio)
     whole = cur.measure is not None and start == 0 and len(audio) == cur.reader.known_length  # floored by itself
-    return Span(audio, start, *cur.reader.around(start, len(audio)), ceiling=None if whole else _ceiling(cur),
+    return Span(audio, start, *cur.reader.around(start, len(audio)), ceiling=None if whole else ceiling_of(cur),
                 silence_after=_in_chunks(cur, options))  # a chunk reads as followed by silence (features.log_mel)
 
 
@@ -136,7 +55,7 @@ def _next_chunk(cur: _Cursor, options: TranscribeOptions) -> Span | None:
 class _Piece:
     """Audio of one file to decode in this step."""
 
-    cursor: _Cursor
+    cursor: Cursor
     span: Span  # its samples, where it starts in the file (samples), the samples around it, the file's loudest frame
     prompt: list[int] | None  # the decoder's prompt: text prompt (if any), then ``sot``; None until detected
     sot: list[int] | None  # <|startoftranscript|> <|lang|> <|task|> [<|notimestamps|>]; None: language to detect
@@ -186,7 +105,7 @@ def _detect_languages(runner: WhisperRunner, work: dict[bool, list[_Piece]], opt
                                 language_probability=round(p, 4))
 
 
-def _gather(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptions) -> dict[bool, list[_Piece]]:
+def _gather(runner: WhisperRunner, active: list[Cursor], options: TranscribeOptions) -> dict[bool, list[_Piece]]:
     """The pieces to decode in this step, by timestamp mode: one window per file (sequential), or in
     chunked mode as many chunks of the active files as fill the batch. Silent pieces are skipped. With
     ``language=None`` each piece's language is detected from its own encoder pass (``_detect_languages``)."""
@@ -226,12 +145,11 @@ def window_seed(audio: np.ndarray, start: int) -> int:
     return zlib.crc32(str(start).encode(), zlib.crc32(np.ascontiguousarray(audio, dtype=np.float32).tobytes()))
 
 
-def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptions) -> int:
+def _step(runner: WhisperRunner, active: list[Cursor], options: TranscribeOptions) -> int:
     """Advance every active cursor: its next window (or chunks) decoded together with the other files',
     under Whisper's safeguards (``safeguards.decide``). Returns how many windows (or chunks) were decoded."""
     work = _gather(runner, active, options)
     _detect_languages(runner, work, options)
-    eot = runner.model.generation_config.eos_token_id
     # batch rows share the prompt length: one engine call per timestamp mode, prompt length and forced prefix
     # length (text prompts of different lengths, e.g. each file's previous text, decode in calls of their own)
     groups: dict[tuple[bool, int, int], list[_Piece]] = {}
@@ -244,59 +162,68 @@ def _step(runner: WhisperRunner, active: list[_Cursor], options: TranscribeOptio
         verdicts, calls = decide(runner, enc, [p.prompt for p in items], timestamps, options, seeds)
         for rows, result in calls:
             for j, r in enumerate(rows):
-                _account(items[r].cursor, result, j, 1.0 / len(rows))
+                account(items[r].cursor, result, j, 1.0 / len(rows))
             for cur in {id(items[r].cursor): items[r].cursor for r in rows}.values():
                 cur.hist.update(result.stats.accepted_hist)
         for row, (piece, verdict) in enumerate(zip(items, verdicts)):
-            cur, start, audio = piece.cursor, piece.start, piece.audio
-            cur.seconds += encode_s / len(items)
-            cur.retried += verdict.retried > 0
-            cur.skipped += verdict.skipped
-            cur.dropped += verdict.dropped
-            if verdict.dropped:
-                cur.dropped_windows.append(DroppedWindow(round(start / SAMPLE_RATE, 2),
-                                                         round((start + len(audio)) / SAMPLE_RATE, 2), verdict.reason))
-            kept = not (verdict.skipped or verdict.dropped)
-            tokens = (list(piece.forced) if kept else []) + [t for t in verdict.tokens if t != eot]  # a prefix starts it
-            if kept:
-                cur.history.add(tokens, verdict.temperature, options.condition_on_previous_text,
-                                options.prompt_reset_on_temperature)
-            cur.cut += kept and eot not in verdict.tokens and len(verdict.tokens) >= options.max_new_tokens
-            offset = start / SAMPLE_RATE
-            length = len(audio) / SAMPLE_RATE
-            pieces: list = []
-            if verdict.skipped or verdict.dropped:
-                segs, advance = [], length  # nothing said (or nothing worth keeping) in this window
-            elif timestamps:
-                pieces, advance = timed_pieces(tokens, runner.timestamp_begin, offset, length, runner.tokenizer.decode)
-                segs = [seg for seg, _ in pieces if seg is not None]
-            else:
-                text = runner.text_of(tokens)
-                segs, advance = ([Segment(round(offset, 2), round(offset + length, 2), text)] if text else []), length
-            voiced = voiced_frames(audio)
-            if options.word_timestamps and segs:  # whisper's: segments take their words' bounds (words.py)
-                segs, cur.last_speech = add_word_timestamps(
-                    runner, enc.hidden[row], piece.sot, pieces, min(3000, len(audio) // 160), offset,
-                    piece.language or cur.language,
-                    cur.last_speech, options.prepend_punctuations, options.append_punctuations)
-                advance = seek_after_words(segs, tokens, runner.timestamp_begin, offset, advance)
-            else:
-                segs = split_at_pauses(tighten_segments(segs, voiced, offset), voiced, offset)
-            segs = describe_segments(clamp_segments(segs, offset + length), verdict, options.no_speech_threshold)
-            if piece.language is not None:  # auto: each segment says its window's language
-                segs = [replace(seg, language=piece.language, language_probability=piece.language_probability)
-                        for seg in segs]
-            cur.segments += segs
-            if not _in_chunks(cur, options):
-                cur.seek += max(1, int(round(advance * SAMPLE_RATE)))
-            else:
-                _keep_leftover(cur, piece.span, advance, voiced)
+            piece.cursor.seconds += encode_s / len(items)
+            record_window(runner, piece, verdict, enc.hidden[row], timestamps, options)
     for cur in active:
         cur.done = not cur.leftovers and cur.reader.ended and cur.seek >= cur.reader.known_length
     return sum(map(len, work.values()))
 
 
-def _keep_leftover(cur: _Cursor, chunk: Span, advance: float, voiced: np.ndarray) -> None:
+def record_window(runner: WhisperRunner, piece: _Piece, verdict, hidden, timestamps: bool,
+                  options: TranscribeOptions) -> None:
+    """What a decoded window adds to its file: the safeguards' counts (``verdict``: a ``WindowVerdict``), the
+    prompt history, its segments (word timestamps from ``hidden``, its encoder output (S, D), where asked) and
+    the file's next seek (sequential) or the chunk's leftover (chunked)."""
+    cur, start, audio = piece.cursor, piece.start, piece.audio
+    eot = runner.model.generation_config.eos_token_id
+    cur.retried += verdict.retried > 0
+    cur.skipped += verdict.skipped
+    cur.dropped += verdict.dropped
+    if verdict.dropped:
+        cur.dropped_windows.append(DroppedWindow(round(start / SAMPLE_RATE, 2),
+                                                 round((start + len(audio)) / SAMPLE_RATE, 2), verdict.reason))
+    kept = not (verdict.skipped or verdict.dropped)
+    tokens = (list(piece.forced) if kept else []) + [t for t in verdict.tokens if t != eot]  # a prefix starts it
+    if kept:
+        cur.history.add(tokens, verdict.temperature, options.condition_on_previous_text,
+                        options.prompt_reset_on_temperature)
+    cur.cut += kept and eot not in verdict.tokens and len(verdict.tokens) >= options.max_new_tokens
+    offset = start / SAMPLE_RATE
+    length = len(audio) / SAMPLE_RATE
+    pieces: list = []
+    if verdict.skipped or verdict.dropped:
+        segs, advance = [], length  # nothing said (or nothing worth keeping) in this window
+    elif timestamps:
+        pieces, advance = timed_pieces(tokens, runner.timestamp_begin, offset, length, runner.tokenizer.decode)
+        segs = [seg for seg, _ in pieces if seg is not None]
+    else:
+        text = runner.text_of(tokens)
+        segs, advance = ([Segment(round(offset, 2), round(offset + length, 2), text)] if text else []), length
+    voiced = voiced_frames(audio)
+    if options.word_timestamps and segs:  # whisper's: segments take their words' bounds (words.py)
+        segs, cur.last_speech = add_word_timestamps(
+            runner, hidden, piece.sot, pieces, min(3000, len(audio) // 160), offset,
+            piece.language or cur.language,
+            cur.last_speech, options.prepend_punctuations, options.append_punctuations)
+        advance = seek_after_words(segs, tokens, runner.timestamp_begin, offset, advance)
+    else:
+        segs = split_at_pauses(tighten_segments(segs, voiced, offset), voiced, offset)
+    segs = describe_segments(clamp_segments(segs, offset + length), verdict, options.no_speech_threshold)
+    if piece.language is not None:  # auto: each segment says its window's language
+        segs = [replace(seg, language=piece.language, language_probability=piece.language_probability)
+                for seg in segs]
+    cur.segments += segs
+    if not _in_chunks(cur, options):
+        cur.seek += max(1, int(round(advance * SAMPLE_RATE)))
+    else:
+        _keep_leftover(cur, piece.span, advance, voiced)
+
+
+def _keep_leftover(cur: Cursor, chunk: Span, advance: float, voiced: np.ndarray) -> None:
     """Chunked mode: Whisper stopped at a complete segment before the chunk's end (its sequential
     algorithm would seek there). If 0.2 s or more of voice (``voiced``: the chunk's ``voiced_frames``)
     remains after that point, decode the rest as a chunk of its own."""
@@ -304,35 +231,7 @@ def _keep_leftover(cur: _Cursor, chunk: Span, advance: float, voiced: np.ndarray
     if 0 < cut and len(audio) - cut >= SAMPLE_RATE and voiced[cut // (SAMPLE_RATE // 100):].sum() >= 20:
         before = np.concatenate([chunk.before, audio[:cut]])[-HALF:]  # the file's samples before the cut
         cur.leftovers.append(replace(chunk, audio=audio[cut:], start=chunk.start + cut, before=before,
-                                     ceiling=_ceiling(cur)))  # not the whole file: the file's floor
-
-
-def _account(cur: _Cursor, result, row: int, share: float) -> None:
-    stats: DecodeStats = result.stats
-    cur.seconds += stats.total_s * share
-    cur.decode_seconds += (stats.total_s - stats.encode_s) * share
-    cur.tokens += len(result.tokens[row])
-    cur.main_calls += stats.row_calls * share
-    cur.drafted += stats.drafted * share
-    cur.accepted += stats.accepted * share
-    if result.identical is not None:
-        cur.identical = cur.identical and result.identical[row]
-        cur.plain_seconds += result.plain_stats.total_s * share
-
-
-def _audio_expected(cur: _Cursor) -> float:
-    """Seconds the cursor's file holds: all of it once read to its end, else what its header or stream
-    declares, or what was read when that is more (no declaration, or a wrong one)."""
-    read = cur.reader.known_length / SAMPLE_RATE
-    if cur.reader.ended:
-        return read
-    return max(read, cur.reader.report.declared_seconds or 0.0)
-
-
-def _audio_done(cur: _Cursor) -> float:
-    """Seconds of the file behind its cursor (chunked mode: less the leftovers still to decode)."""
-    pending = sum(len(span.audio) for span in cur.leftovers)
-    return max(0, min(cur.seek, cur.reader.known_length) - pending) / SAMPLE_RATE
+                                     ceiling=ceiling_of(cur)))  # not the whole file: the file's floor
 
 
 def transcribe(paths: Iterable[str | Path], pair: Pair, options: TranscribeOptions = TranscribeOptions(),
@@ -355,22 +254,14 @@ def transcribe(paths: Iterable[str | Path], pair: Pair, options: TranscribeOptio
     runner.check_language(options)
     check_prompts(runner.tokenizer, options)
     queue = list(find_audio(paths))
-    active: list[_Cursor] = []
+    active: list[Cursor] = []
     begun, windows, files_done, finished_audio = time.perf_counter(), 0, 0, 0.0
     while True:
         if admit is not None and len(queue) + len(active) < max(1, options.batch_size):
             queue += admit(max(1, options.batch_size) - len(queue) - len(active))
         if not (queue or active):
             break
-        while queue and len(active) < max(1, options.batch_size):
-            path = queue.pop(0)
-            t0 = time.perf_counter()
-            try:
-                active.append(_open(path, options, runner))
-            except AudioDecodeError as exc:
-                yield Transcript(str(path), "", 0.0, time.perf_counter() - t0, error=exc.reason)
-            except OSError as exc:  # unreadable in a way the checks did not foresee: this file fails, the run goes on
-                yield Transcript(str(path), "", 0.0, time.perf_counter() - t0, error=f"cannot be read ({exc.strerror or exc})")
+        yield from open_files(queue, active, options, runner)
         if not active:
             continue
         before = {id(c): len(c.segments) for c in active}
@@ -382,10 +273,8 @@ def transcribe(paths: Iterable[str | Path], pair: Pair, options: TranscribeOptio
             files_done += 1
             finished_audio += cur.reader.known_length / SAMPLE_RATE
         if progress is not None:
-            progress(Progress(windows, files_done, finished_audio + sum(_audio_done(c) for c in active if not c.done),
-                              finished_audio + sum(c.reader.known_length for c in active if not c.done) / SAMPLE_RATE,
-                              time.perf_counter() - begun,
-                              finished_audio + sum(_audio_expected(c) for c in active if not c.done)))
+            progress(progress_of(windows, files_done, finished_audio, [c for c in active if not c.done],
+                                 time.perf_counter() - begun))
         for cur in [c for c in active if c.done]:
             active.remove(cur)
-            yield _finish(cur, options.compare and options.use_assistant)
+            yield finish(cur, options.compare and options.use_assistant)
