@@ -8,6 +8,7 @@ from functools import cached_property
 import numpy as np
 
 from ..engine import (
+    AssistedDecoder,
     BeamOptions,
     DecodeOptions,
     DecodeResult,
@@ -227,6 +228,23 @@ class WhisperRunner:
             return [None] * len(result.tokens)
         return self._torch.softmax(result.prompt_logits, dim=-1)[:, self.no_speech_id].tolist()
 
+    def decoding(self, prompt: list[int], timestamps: bool, options: TranscribeOptions, temperature: float = 0.0,
+                 seed: int | None = None, no_speech: bool = False) -> tuple[Rules, DecodeOptions]:
+        """The engine's rules and options for windows of ``prompt``'s length and forced prefix (``decode_encoded``'s,
+        and a continuous batch's): greedy at temperature 0, else speculative sampling seeded with ``seed``;
+        ``no_speech``: the logits at <|startoftranscript|> too."""
+        rules = self.rules(len(prompt), timestamps, options.max_new_tokens, self.forced_len(prompt, timestamps))
+        sampled = temperature > 0
+        return rules, DecodeOptions(max_new_tokens=options.max_new_tokens, policy=options.policy, do_sample=sampled,
+                                    sampling=Sampling(temperature=temperature) if sampled else Sampling(), seed=seed,
+                                    compare_plain=options.compare and options.use_assistant and not sampled,
+                                    logits_at=prompt.index(self.model.generation_config.decoder_start_token_id)
+                                    if no_speech else None)
+
+    def engine_for(self, options: TranscribeOptions) -> AssistedDecoder:
+        """The loaded pair's engine: with its assistant, or plain (``options.use_assistant``)."""
+        return self.loaded.engine if options.use_assistant else self.loaded.plain
+
     def decode_encoded(self, enc: EncoderOutput, prompts: list[list[int]], timestamps: bool, options: TranscribeOptions,
                        temperature: float = 0.0, seed: int | None = None, no_speech: bool = False):
         """One engine call over encoded windows of several files (of one prompt length and one forced prefix
@@ -234,14 +252,9 @@ class WhisperRunner:
         ``options.beam_size``; else speculative sampling at ``temperature``, ``options.best_of`` samples a window
         with the best kept (``best_of``). ``no_speech``: also return the logits at <|startoftranscript|>
         (``no_speech_probs``)."""
-        rules = self.rules(len(prompts[0]), timestamps, options.max_new_tokens, self.forced_len(prompts[0], timestamps))
+        rules, decode_options = self.decoding(prompts[0], timestamps, options, temperature, seed, no_speech)
         sampled = temperature > 0
-        decode_options = DecodeOptions(max_new_tokens=options.max_new_tokens, policy=options.policy, do_sample=sampled,
-                                       sampling=Sampling(temperature=temperature) if sampled else Sampling(), seed=seed,
-                                       compare_plain=options.compare and options.use_assistant and not sampled,
-                                       logits_at=prompts[0].index(self.model.generation_config.decoder_start_token_id)
-                                       if no_speech else None)
-        engine = self.loaded.engine if options.use_assistant else self.loaded.plain
+        engine = self.engine_for(options)
         if not sampled and options.beam_size is not None:
             beam = BeamOptions(options.beam_size, options.patience, options.length_penalty)
             return beam_generate(engine, prompts, rules, decode_options, beam, encoder_output=enc)

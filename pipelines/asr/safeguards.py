@@ -99,10 +99,12 @@ def check_options(options) -> None:
         raise ValueError(f"no_speech_threshold is a probability (0 to 1), not {options.no_speech_threshold!r}")
 
 
-def decide(runner, enc, prompts: list[list[int]], timestamps: bool, options, seeds: list[int]):
+def decide(runner, enc, prompts: list[list[int]], timestamps: bool, options, seeds: list[int], first=None):
     """Decode encoded windows (``enc``, rows = windows) with the safeguards: greedily first, then the rows
     that need it at each next temperature (speculative sampling, seeded per window: ``seeds``). Returns a
-    ``WindowVerdict`` per window, and every engine call as (rows it decoded, DecodeResult) for accounting."""
+    ``WindowVerdict`` per window, and every engine call as (rows it decoded, DecodeResult) for accounting.
+    ``first``: the windows' first decode (at ``options.temperature[0]``, with the no-speech logits where
+    ``no_speech_threshold`` asks for them) when it was already made, e.g. as rows of a continuous batch."""
     import torch
 
     from ..engine.rows import from_host
@@ -121,9 +123,12 @@ def decide(runner, enc, prompts: list[list[int]], timestamps: bool, options, see
         want_no_speech = i == 0 and options.no_speech_threshold is not None
         for rows in [todo] if temperature == 0 else [[r] for r in todo]:
             sub = enc if len(rows) == n else enc.select(from_host(rows, torch.long, enc.hidden.device))
-            result = runner.decode_encoded(sub, [prompts[r] for r in rows], timestamps, options, temperature,
-                                           seed=None if temperature == 0 else seeds[rows[0]] + i,
-                                           no_speech=want_no_speech)
+            if i == 0 and first is not None:
+                result = first
+            else:
+                result = runner.decode_encoded(sub, [prompts[r] for r in rows], timestamps, options, temperature,
+                                               seed=None if temperature == 0 else seeds[rows[0]] + i,
+                                               no_speech=want_no_speech)
             if want_no_speech:
                 for r, p in zip(rows, runner.no_speech_probs(result)):
                     no_speech[r] = p
