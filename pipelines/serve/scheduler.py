@@ -1,23 +1,23 @@
 """The server's scheduler: one worker thread owns the models; requests queue and are decoded in batches.
 
 Transcriptions: the worker takes the oldest queued request, waits up to ``max_wait_ms`` for more requests
-with the same decoding options (up to ``max_batch``), and decodes them together through ``asr.transcribe``,
-the loop ``tandem transcribe`` runs over a batch of files. While that run goes on, requests with the same
-options join it at its step boundaries (``transcribe(admit=...)``: before each step, one 30 s window per
-file), and each request's future is resolved the moment its file's last window is done, so a long file
-does not hold a short one back past one step. What the engine does not offer is admission *inside* one
-step: an engine call (``AssistedDecoder.generate``) decodes a fixed set of rows to the end, rows leaving as
-they finish but none joining at its round boundaries; a request arriving mid-step waits for that step.
-A queued request of other options (another language, task, format) stops admission, so the run drains and
-that request goes next.
+with the same decoding options (up to ``max_batch``), and decodes them together. With greedy options (the
+default: temperature 0 first, no beam search) that is continuous batching (``asr.continuous``): every file's
+30 s windows are rows of the engine's ``ContinuousBatch``, requests with the same options join the run at the
+engine's round boundaries (``admit``), a window that finishes leaves its row at once and the file's next window
+takes a slot in the next round, and each request's future is resolved the moment its file's last window is
+done: a long file holds a short one back by no more than a round. Other options (sampling first, beam search)
+go through ``asr.transcribe``, which admits at its step boundaries (one 30 s window of every file decoded to the
+end). A queued request of other options (another language, task, format) stops admission, so the run drains
+and that request goes next.
 
 Chat completions: the queued chat requests with the same sampling settings and token budget, up to
 ``max_batch``, go through one engine call (rows of different prompt lengths).
 
 A request cancelled (its client went away: ``Job.cancel``) is dropped while queued; a transcription already
-decoding leaves the run at the next step boundary (``transcribe(watch=...)``), a chat completion at the
+decoding leaves the run at the next round (continuous) or step boundary (``watch``), a chat completion at the
 engine's next round (``generate(on_round=...)``), its future failing with RequestCancelled. The same hooks
-hand each step's new segments, each round's new tokens, to the request's listener (streaming).
+hand each round's or step's new segments, each round's new tokens, to the request's listener (streaming).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..asr import TranscribeOptions, Transcript, transcribe
+from ..asr.continuous import supports, transcribe_continuously
 from ..errors import TandemError
 
 
@@ -48,8 +49,8 @@ class Job:
 
     def cancel(self) -> None:
         """The client went away: a queued request is dropped; a decoding one's rows leave the batch at the
-        next boundary (asr: the next step; chat: the next engine round), and its future gets
-        RequestCancelled."""
+        next boundary (asr: the next engine round, or the next step without continuous batching; chat: the next
+        engine round), and its future gets RequestCancelled."""
         self.cancelled = True
         self.future.cancel()  # False once running: the worker then reads ``cancelled``
 
@@ -179,7 +180,7 @@ class Scheduler:
             job = running.get(path)
             if job is None:
                 return True
-            if job.cancelled:  # its rows leave the run at this step boundary
+            if job.cancelled:  # its rows leave the run at this boundary
                 del running[path]
                 self.running = len(running)
                 job.future.set_exception(RequestCancelled("the client went away"))
@@ -190,8 +191,8 @@ class Scheduler:
 
         runner, pair = self.asr
         try:
-            for result in transcribe([], pair, replace(key, batch_size=self.max_batch), runner=runner, admit=admit,
-                                     watch=watch):
+            run = transcribe_continuously if supports(key) else transcribe
+            for result in run([], pair, replace(key, batch_size=self.max_batch), runner=runner, admit=admit, watch=watch):
                 job = running.pop(result.path, None)
                 self.running = len(running)
                 if job is not None:
