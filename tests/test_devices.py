@@ -216,7 +216,8 @@ def test_the_pass_shape_follows_the_machine_kind(monkeypatch):
     shape = whisper.step_shape(torch.bfloat16)
     assert shape.head_transposed and (shape.width_for(1), shape.width_for(4), shape.width_for(8)) == (4, 4, 2)
     monkeypatch.setattr(whisper, "cpu_info", lambda: ("AuthenticAMD", "AMD EPYC"))
-    assert whisper.step_shape(torch.float32) == whisper.StepShape(4, True)
+    shape = whisper.step_shape(torch.float32)
+    assert shape.head_transposed and (shape.width_for(1), shape.width_for(4), shape.width_for(8)) == (4, 4, 2)
     assert whisper.step_shape(torch.bfloat16) == whisper.StepShape(4, False)
     monkeypatch.setattr(whisper, "cpu_info", lambda: ("", "unknown"))
     assert whisper.step_shape(torch.float32, "cuda:0").width == 8

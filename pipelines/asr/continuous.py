@@ -96,7 +96,8 @@ class _Batches:
             if batch is None:
                 rules, decoding = runner.decoding(items[0].prompt, key[0], options,
                                                   no_speech=options.no_speech_threshold is not None)
-                self.by_key[key] = ContinuousBatch(runner.engine_for(options), rules, decoding, len(joiners), joiners)
+                self.by_key[key] = ContinuousBatch(runner.engine_for(options), rules, decoding, len(joiners), joiners,
+                                                   shape_rows=max(1, options.batch_size))
                 continue
             batch.grow(len(joiners) - batch.free)
             batch.join(joiners)

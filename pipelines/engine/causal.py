@@ -60,10 +60,11 @@ class FixedCausalDecoder(FixedShapeDecoder):
     def reads_encoder(self) -> bool:
         return False
 
-    def new_cache(self, batch: int, capacity: int | None = None) -> FixedCache:
+    def new_cache(self, batch: int, capacity: int | None = None, shape_rows: int | None = None) -> FixedCache:
         """A static cache for ``batch`` rows of at most ``capacity`` positions (prompt + new tokens): the
         capacity is part of every attention product's shape, so the plain and the assisted run of a request
-        (same prompts, same limit) get the same one."""
+        (same prompts, same limit) get the same one. The width is the decoder's whatever the rows
+        (``shape_rows`` is not read)."""
         need = capacity or self.max_positions
         slots = min(self.max_positions, -(-need // CAPACITY_STEP) * CAPACITY_STEP)
         return self.make_cache(len(self.inner.layers), batch, slots, self.kv_heads, self.head_dim, self.width)

@@ -76,12 +76,14 @@ class ContinuousBatch:
     ``engine``'s main decoder must keep fixed shapes (``FixedShapeDecoder``); every row shares ``rules`` and
     ``options`` (``do_sample`` and ``compare_plain`` are refused: ValueError). ``slots``: rows a pass carries;
     ``first``: the rows it starts with (1 to ``slots``); ``max_prompt``: the longest prompt a row may bring
-    (sizes a causal decoder's cache; a Whisper decoder always has its 448 positions). Not thread-safe: one
-    caller drives it (``step``, ``join``, ``compact``, ``close``)."""
+    (sizes a causal decoder's cache; a Whisper decoder always has its 448 positions); ``shape_rows``: the rows
+    whose pass width the batch takes (default ``slots``; a server's ``--max-batch``, so that its batches have
+    one width whatever rows they start with). Not thread-safe: one caller drives it (``step``, ``join``,
+    ``grow``, ``compact``, ``cancel``, ``close``)."""
 
     @torch.inference_mode()
     def __init__(self, engine: AssistedDecoder, rules: Rules, options: DecodeOptions, slots: int,
-                 first: Sequence[Joiner], max_prompt: int | None = None) -> None:
+                 first: Sequence[Joiner], max_prompt: int | None = None, shape_rows: int | None = None) -> None:
         main = engine.main
         if not isinstance(main, FixedShapeDecoder):
             raise ValueError("continuous batching needs a fixed-shape main decoder (a Whisper or causal main model)")
@@ -92,7 +94,8 @@ class ContinuousBatch:
         self.engine, self.rules, self.options, self.slots = engine, rules, options, slots
         self.max_prompt = max(max_prompt or 0, *(len(j.prompt) for j in first))
         self._check(first)
-        self.cache = main.new_cache(slots, capacity=self.max_prompt + options.max_new_tokens + 1)
+        self.cache = main.new_cache(slots, capacity=self.max_prompt + options.max_new_tokens + 1,
+                                    shape_rows=shape_rows or slots)
         rows = [list(j.prompt) for j in first] + [[] for _ in range(slots - len(first))]
         self.req = Request.start(rows)
         self.rows: list[_Row | None] = [_Row(j.key) for j in first] + [None] * (slots - len(first))

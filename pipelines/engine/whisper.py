@@ -60,11 +60,16 @@ class StepShape:
 #   oracle drafts of acceptance 0.8, s: large-v3 plain 0.41 at width 4, 0.40 at 8; assisted 1.82x over plain
 #   at width 4 (lookahead 3), 1.91x at width 8 (lookahead 3), 2.11x (lookahead 5); base plain 0.10 / 0.09,
 #   assisted 1.03x / 1.12x (lookahead 3): width 8.
+# - AMD EPYC, float32, batches (a server's): one plain step of whisper base, 2 threads, the median of 12,
+#   2026-12-07: 16 rows 130.6 ms at width 4, 82.5 at width 2, 61.8 at width 1; 5 rows 74.4 / 42.1 / 38.0 ms;
+#   one row 28.4 / 20.5 / 22.7 ms. A width-2 pass of 16 rows verifying one draft (103.2 ms, 1.7 tokens a row
+#   at acceptance 0.7) yields as much as a width-4 pass verifying three (141.0 ms, 2.5 tokens): width 2 from 8
+#   rows on, as on Intel in bfloat16 (the CLI's default of 4 files keeps width 4).
 # Elsewhere (other CPUs): width 4, as on AMD.
 STEP_SHAPES = {
     ("GenuineIntel", torch.float32): StepShape(2, False),
     ("GenuineIntel", torch.bfloat16): StepShape(4, True, batch_rows=8, batch_width=2),
-    ("AuthenticAMD", torch.float32): StepShape(4, True),
+    ("AuthenticAMD", torch.float32): StepShape(4, True, batch_rows=8, batch_width=2),
 }
 
 
@@ -117,12 +122,13 @@ class WhisperDecoder(FixedShapeDecoder):
         hidden = self.model.model.encoder(input_features.to(device=self.device, dtype=self.dtype)).last_hidden_state
         return EncoderOutput(hidden, None)
 
-    def new_cache(self, batch: int, capacity: int | None = None) -> FixedCache:
-        """Always the model's 448 positions, and the width for ``batch`` rows (``StepShape.width_for``): the shape
-        every pass of the request then shares."""
+    def new_cache(self, batch: int, capacity: int | None = None, shape_rows: int | None = None) -> FixedCache:
+        """Always the model's 448 positions, and the width for ``batch`` rows, or for ``shape_rows`` when given (a
+        continuous batch's: the rows it may grow to) (``StepShape.width_for``): the shape every pass of the
+        request then shares."""
         d = self.config.d_model
         return self.make_cache(len(self.decoder.layers), batch, self.max_positions, self.heads, d // self.heads,
-                               self.width or self.shape.width_for(batch))
+                               self.width or self.shape.width_for(shape_rows or batch))
 
     def _begin(self, cache: FixedCache, enc: EncoderOutput | None) -> None:
         """The request's cross-attention keys and values: with static writes (graphs.py) computed by a graph of
