@@ -63,8 +63,28 @@ def test_rows_joining_mid_call_equal_their_own_greedy_decode(setup, assisted):
     for i, ref in enumerate(refs):
         assert strip_eot(list(out[i].tokens[0])) == ref, f"clip {i}"
         assert out[i].stats.new_tokens == len(out[i].tokens[0]) and out[i].stats.row_calls > 0
-    if assisted:
-        assert sum(r.stats.accepted for r in out.values()) > 0  # the assistant drafted, and drafts were kept
+    if assisted:  # the assistant drafted for every row, joined ones too (its row reset, not restarted), and was right
+        assert all(r.stats.accepted > 0 for r in out.values()), {i: r.stats.accepted for i, r in out.items()}
+
+
+def test_a_joining_row_gets_the_drafts_a_fresh_assistant_would_give_it(setup):
+    decoder, enc, refs, rules, drafter = setup
+    engine = AssistedDecoder(decoder, drafter, pad_id=EOT)
+    batch = ContinuousBatch(engine, rules, DecodeOptions(max_new_tokens=MAX_NEW), 2, [_joiner(enc, 0), _joiner(enc, 1)])
+    while batch.live == 2:  # clip 1 (the shorter) leaves; clip 3 takes its slot
+        batch.step()
+    row = next(b for b, r in enumerate(batch.rows) if r is None)
+    own = batch.drafter
+    batch.join([_joiner(enc, 3)])
+    assert batch.drafter is own  # the row was reset in place
+    fresh = drafter(rules, MAX_NEW)
+    fresh.start([PROMPT], enc.select(torch.tensor([3])), None)
+    seqs = [list(s) for s in batch.req.seqs]
+    with torch.inference_mode():
+        joined = own.draft([4 if b == row else 0 for b in range(2)], seqs, [0, 0], None, None, None).tokens[row]
+        alone = fresh.draft([4], [list(PROMPT)], [0], None, None, None).tokens[0]
+    assert joined == alone and len(alone) == 4
+    batch.close()
 
 
 def test_a_grown_batch_and_a_stopped_row_leave_the_other_rows_exact(setup):

@@ -128,6 +128,13 @@ class RaggedCache:
         if self._real is not None:
             self._real = [r - c for r, c in zip(self._real, counts)]
 
+    def reset_row(self, row: int) -> None:
+        """Row ``row`` starts again (a continuous batch's join): its slots become holes, its position 0."""
+        self.valid[row] = False
+        self.next_pos[row] = 0
+        if self._real is not None:
+            self._real[row] = 0
+
     def select(self, rows: torch.Tensor, host_rows: list[int] | None = None, cross: bool = True) -> None:
         """Keep only ``rows`` (finished rows leave the batch and cost nothing more); ``host_rows``: the same
         indices as a list, when the caller has them (no read from the device); ``cross=False``: the

@@ -12,9 +12,10 @@ hold) and runs the engine's round (``AssistedDecoder``'s draft, verify, accept, 
                reads them), its cross-attention keys and values are computed from the new row's encoder output
                alone (``FixedShapeDecoder.join_row``), and its prompt is pending: its first verify pass feeds
                it, through the prompt pass as in ``generate``'s first round, beside the other rows' drafts
-    assistant  started afresh on every row's tokens so far after a join (its cache rows cannot be reset one at
-               a time in every cache kind); it catches up in its next drafting round, which the adaptive
-               policy does not time (``Policy.catch_up``)
+    assistant  the joining row's slot reset in the assistant too (``Drafter.join_row``: its cache row, its
+               cross-attention from the new encoder output alone); where a drafter cannot (a static draft cache
+               on CUDA), it starts afresh on every row's tokens so far and catches up in its next drafting
+               round, which the adaptive policy does not time (``Policy.catch_up``)
     grow       the caller may add slots (``grow``) when more rows come than the batch has room for; and drop
     compact    the empty ones (``compact``) when few rows are left, so that the last long row does not pay for
                every slot a pass (the passes' width stays the one the batch started with)
@@ -144,7 +145,9 @@ class ContinuousBatch:
             req.done[b], req.fresh[b] = False, True
             req.out[req.alive[b]], req.logprobs[req.alive[b]] = [], 0.0
             self.rows[b] = _Row(j.key)
-        if joiners:
+        drafter = self.drafter
+        if drafter is not None and not all([drafter.join_row(b, list(j.prompt), j.encoder_output)
+                                            for b, j in zip(empty, joiners)]):
             self._start_drafter()
 
     @torch.inference_mode()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .cache import RaggedCache
 from .decoders import Decoder, EncoderOutput
 from .draft_loop import draft_on_device
 from .rows import from_host
@@ -50,6 +51,11 @@ class Drafter:
     def select(self, keep: list[int], same_encoder: bool = False) -> None:
         """Keep rows ``keep``, in that order (finished rows leaving the batch, or beam search relabelling its
         beams). ``same_encoder``: row i and row ``keep[i]`` read the same encoder output (beams of one input)."""
+
+    def join_row(self, row: int, prompt: list[int], enc: EncoderOutput | None) -> bool:
+        """Give ``row`` to a new sequence of ``prompt`` reading ``enc`` (1, S, D) (a continuous batch's join):
+        False where this drafter cannot reset one row (the caller then starts a fresh drafter on every row)."""
+        return False
 
     def finish(self) -> None:
         """The request is over (a pooled static cache goes back to its pool)."""
@@ -92,6 +98,10 @@ class PromptLookup(Drafter):
 
     def select(self, keep: list[int], same_encoder: bool = False) -> None:
         self.sources = [self.sources[i] for i in keep]
+
+    def join_row(self, row: int, prompt: list[int], enc: EncoderOutput | None) -> bool:
+        self.sources[row] = []  # a decoder-only row's own tokens are its source (``lookup``)
+        return True
 
 
 class ModelDrafter(Drafter):
@@ -244,6 +254,26 @@ class ModelDrafter(Drafter):
         self.cache.rollback_rows(rejected)
         self._fed = []
         self.cache.maybe_compact()
+
+    def join_row(self, row: int, prompt: list[int], enc: EncoderOutput | None) -> bool:
+        """``Drafter.join_row`` on a ragged cache (a CPU's): the row's slots become holes and its positions
+        restart from 0, its cross-attention keys and values come from ``enc`` alone (a decoder that reads an
+        encoder must offer ``join_cross``), and the prompt is fed at its next draft."""
+        reads = self.decoder.reads_encoder
+        if not isinstance(self.cache, RaggedCache) or (reads and not hasattr(self.decoder, "join_cross")):
+            return False
+        if self.lookup is not None and not self.lookup.join_row(row, prompt, enc):
+            return False
+        self._reorder()
+        self.cache.reset_row(row)
+        if reads and self.enc is not None:
+            self.enc.hidden[row : row + 1].copy_(enc.hidden)
+            if not self.cache.needs_cross():
+                self.decoder.join_cross(self.cache, row, enc)
+        self.pending[row] = list(prompt)
+        if self._fed:
+            self._fed[row] = 0
+        return True
 
     def finish(self) -> None:
         if self.cache is not None:

@@ -255,6 +255,14 @@ class WhisperDraftDecoder(LeanDecoder):
         cache.cross_graph(enc.hidden)  # (copied in: cast to the drafter's dtype)
         cache.cross_filled()
 
+    def join_cross(self, cache: RaggedCache, row: int, enc: EncoderOutput) -> None:
+        """Row ``row``'s cross-attention keys and values in a ragged cache from ``enc`` (1, T, D) alone, in place."""
+        hidden = enc.hidden.to(self.dtype)
+        split = lambda t: t.view(1, t.shape[1], self.heads, -1).transpose(1, 2)  # noqa: E731
+        for layer, (keys, values) in zip(self.layers, cache.cache.cross):
+            keys[row : row + 1].copy_(split(layer["k2"](hidden)))
+            values[row : row + 1].copy_(split(layer["v2"](hidden)))
+
     def _step(self, ids: torch.Tensor, real: torch.Tensor, cache: RaggedCache | StaticDraftCache, enc: EncoderOutput | None):
         """Float32 logits (B, n, V') for the token ids (B, n) on the device and their real-token flags (B, n)
         (``Decoder.forward_ids``); ``enc`` is read only while the cache has no cross-attention yet."""
