@@ -51,6 +51,15 @@ def base_runner(registry):
 
 
 @pytest.fixture(scope="session")
+def distilled_asr(registry):
+    """(WhisperRunner, Pair) of whisper-base+distilled, the default speech pair: loaded once a worker."""
+    from pipelines.asr import WhisperRunner
+
+    pair = registry.get("whisper-base+distilled")
+    return WhisperRunner(pair), pair
+
+
+@pytest.fixture(scope="session")
 def local_models_file(tmp_path_factory):
     """A models file of small local BART/T5/M2M100/Marian pairs (see tests/local_models.py)."""
     from local_models import build_local_models

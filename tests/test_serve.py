@@ -75,11 +75,8 @@ class _Server:
 
 
 @pytest.fixture(scope="module")
-def asr(registry):
-    from pipelines.asr import WhisperRunner
-
-    pair = registry.get(PAIR)
-    return WhisperRunner(pair), pair
+def asr(distilled_asr):
+    return distilled_asr
 
 
 @pytest.fixture(scope="module")

@@ -10,15 +10,10 @@ import pytest
 from pipelines.asr import TranscribeOptions, transcribe
 from pipelines.asr.continuous import supports, transcribe_continuously
 
-PAIR = "whisper-base+distilled"
-
 
 @pytest.fixture(scope="module")
-def asr(registry):
-    from pipelines.asr import WhisperRunner
-
-    pair = registry.get(PAIR)
-    return WhisperRunner(pair), pair
+def asr(distilled_asr):
+    return distilled_asr
 
 
 @pytest.fixture(scope="module")

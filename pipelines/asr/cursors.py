@@ -66,8 +66,9 @@ def open_cursor(path: Path, options: TranscribeOptions, runner: WhisperRunner) -
     reader = WindowReader(path, track)
     timestamps = options.timestamps or options.word_timestamps  # words need segments, as in whisper
     held = reader.whole()
-    cur = Cursor(path, reader, single=reader.is_single_window() and not timestamps, track_chosen=chosen)
-    if held is not None and reader.is_single_window() and not options.vad_filter:
+    one_window = reader.is_single_window()
+    cur = Cursor(path, reader, single=one_window and not timestamps, track_chosen=chosen)
+    if held is not None and one_window and not options.vad_filter:
         cur.measure = lambda: runner.loudest_frame([held])
         return cur
     # A file past two windows is decoded twice (this pass, then its windows): not material, the second decode of

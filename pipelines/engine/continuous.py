@@ -31,13 +31,12 @@ neighbours (one generator serves a call). Per-row statistics share each round's 
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from .calls import DecodeOptions, DecodeResult, DecodeStats
+from .calls import Counters, DecodeOptions, DecodeResult, DecodeStats
 from .core import AssistedDecoder, Request, seeded_policy
 from .decoders import EncoderOutput
 from .fixed import FixedShapeDecoder
@@ -56,19 +55,13 @@ class Joiner:
     encoder_output: EncoderOutput | None = None
 
 
-@dataclass
-class _Row:
-    """What one slot's row has cost so far (its share of each round it took part in)."""
+@dataclass(kw_only=True)
+class _Row(Counters):
+    """What one slot's row has cost so far: its share of each round it took part in (``draft_calls``, the
+    seconds), its own drafts, acceptances and rounds (the main passes it was in), and with
+    ``DecodeOptions.logits_at`` its prompt logits (1, V)."""
 
     key: Hashable
-    rounds: int = 0
-    draft_calls: float = 0.0
-    drafted: int = 0
-    accepted: int = 0
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    hist: Counter = field(default_factory=Counter)  # accepted drafts per round -> rounds
-    prompt_logits: torch.Tensor | None = None  # with ``DecodeOptions.logits_at``: (1, V) float32
 
 
 class ContinuousBatch:
@@ -99,7 +92,7 @@ class ContinuousBatch:
                                     shape_rows=shape_rows or slots)
         rows = [list(j.prompt) for j in first] + [[] for _ in range(slots - len(first))]
         self.req = Request.start(rows)
-        self.rows: list[_Row | None] = [_Row(j.key) for j in first] + [None] * (slots - len(first))
+        self.rows: list[_Row | None] = [_Row(key=j.key) for j in first] + [None] * (slots - len(first))
         for b in range(len(first), slots):  # empty slots: finished rows, fed padding
             self.req.done[b], self.req.fresh[b] = True, False
         self.enc: EncoderOutput | None = None
@@ -144,7 +137,7 @@ class ContinuousBatch:
             req.seqs[b], req.prompt_lens[b], req.pending[b] = list(j.prompt), len(j.prompt), list(j.prompt)
             req.done[b], req.fresh[b] = False, True
             req.out[req.alive[b]], req.logprobs[req.alive[b]] = [], 0.0
-            self.rows[b] = _Row(j.key)
+            self.rows[b] = _Row(key=j.key)
         drafter = self.drafter
         if drafter is not None and not all([drafter.join_row(b, list(j.prompt), j.encoder_output)
                                             for b, j in zip(empty, joiners)]):
