@@ -169,7 +169,7 @@ def _step(runner: WhisperRunner, active: list[Cursor], options: TranscribeOption
             piece.cursor.seconds += encode_s / len(items)
             record_window(runner, piece, verdict, enc.hidden[row], timestamps, options)
     for cur in active:
-        cur.done = not cur.leftovers and cur.reader.ended and cur.seek >= cur.reader.known_length
+        cur.done = cur.at_end()
     return sum(map(len, work.values()))
 
 

@@ -61,7 +61,7 @@ class _Flying:
     of the encoder pass's seconds."""
 
     piece: _Piece
-    enc: object
+    enc: EncoderOutput
     key: RulesKey
     encode_s: float
 
@@ -142,7 +142,7 @@ def _record(runner: WhisperRunner, flying: _Flying, result, options: TranscribeO
         cur.hist.update(call.stats.accepted_hist)
     cur.seconds += flying.encode_s
     record_window(runner, piece, verdicts[0], flying.enc.hidden[0], timestamps, options)
-    cur.done = cur.reader.ended and cur.seek >= cur.reader.known_length
+    cur.done = cur.at_end()
 
 
 def transcribe_continuously(paths: Iterable[str | Path], pair: Pair, options: TranscribeOptions = TranscribeOptions(),
@@ -181,7 +181,7 @@ def transcribe_continuously(paths: Iterable[str | Path], pair: Pair, options: Tr
                 batches.join(pieces)
             for cur in idle:  # a file read to its end with no window in flight is done
                 if not batches.busy(cur):
-                    cur.done = cur.reader.ended and cur.seek >= cur.reader.known_length
+                    cur.done = cur.at_end()
             for flying, result in batches.step():
                 _record(runner, flying, result, options)
                 windows += 1

@@ -54,6 +54,10 @@ class Cursor:
     measure: Callable[[], float] | None = None  # ``ceiling``'s pass, put off until a piece needs it (``open_cursor``)
     last_speech: float = 0.0  # word timestamps: where the file's last word so far ends (whisper's heuristics)
 
+    def at_end(self) -> bool:
+        """Whether nothing of the file is left to decode: read to its end, the seek past it, no leftover chunk."""
+        return not self.leftovers and self.reader.ended and self.seek >= self.reader.known_length
+
 
 def open_cursor(path: Path, options: TranscribeOptions, runner: WhisperRunner) -> Cursor:
     """The file's cursor, on the audio track asked for, else its first with speech (``first_speech_track``),

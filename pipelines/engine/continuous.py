@@ -93,8 +93,8 @@ class ContinuousBatch:
         rows = [list(j.prompt) for j in first] + [[] for _ in range(slots - len(first))]
         self.req = Request.start(rows)
         self.rows: list[_Row | None] = [_Row(key=j.key) for j in first] + [None] * (slots - len(first))
-        for b in range(len(first), slots):  # empty slots: finished rows, fed padding
-            self.req.done[b], self.req.fresh[b] = True, False
+        for b in range(len(first), slots):
+            self._free(b)
         self.enc: EncoderOutput | None = None
         if main.reads_encoder:  # empty slots hold a copy of the first row's (their cross-attention is never read)
             outputs = [j.encoder_output for j in first] + [first[0].encoder_output] * (slots - len(first))
@@ -198,7 +198,6 @@ class ContinuousBatch:
         rows decode as they would have (a finished row is fed padding). False when no row has that key."""
         for b, row in enumerate(self.rows):
             if row is not None and row.key == key:
-                self.req.done[b] = True
                 self._free(b)
                 return True
         return False
@@ -206,7 +205,7 @@ class ContinuousBatch:
     def _free(self, b: int) -> None:
         """Slot ``b`` without a row: a finished row with nothing pending (fed padding until a row joins)."""
         req = self.req
-        req.seqs[b], req.prompt_lens[b], req.pending[b], req.fresh[b] = [], 0, [], False
+        req.seqs[b], req.prompt_lens[b], req.pending[b], req.fresh[b], req.done[b] = [], 0, [], False, True
         self.rows[b] = None
 
     @torch.inference_mode()

@@ -301,7 +301,7 @@ class FixedShapeDecoder(Decoder):
         query of the new sequence reads them) and, once the request's cross-attention is set, that slot's keys and
         values come from ``enc`` (1, S, D), the new sequence's encoder output (``_join_cross``)."""
         cache.next_pos[row] = 0
-        if enc is not None and cache.cross is not None and not cache.needs_cross():
+        if enc is not None and not cache.needs_cross():
             self._join_cross(cache, row, enc)
 
     def _join_cross(self, cache: FixedCache, row: int, enc: EncoderOutput) -> None:

@@ -244,9 +244,7 @@ class WhisperDraftDecoder(LeanDecoder):
         if not cache.needs_cross() or enc is None:
             return
         if not isinstance(cache, StaticDraftCache):
-            hidden = enc.hidden.to(self.dtype)
-            split = lambda t: t.view(t.shape[0], t.shape[1], self.heads, -1).transpose(1, 2)  # noqa: E731
-            cache.set_cross([(split(layer["k2"](hidden)), split(layer["v2"](hidden))) for layer in self.layers])
+            cache.set_cross(self._cross_pairs(enc))
             return
         if cache.cross_graph is None:
             projections = [(layer["k2"], layer["v2"]) for layer in self.layers]
@@ -255,13 +253,18 @@ class WhisperDraftDecoder(LeanDecoder):
         cache.cross_graph(enc.hidden)  # (copied in: cast to the drafter's dtype)
         cache.cross_filled()
 
+    def _cross_pairs(self, enc: EncoderOutput) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Cross-attention keys and values (B, H, T, D/H) a layer from the encoder output (B, T, D), in the
+        drafter's dtype (a ragged cache's: computed eagerly)."""
+        hidden = enc.hidden.to(self.dtype)
+        split = lambda t: t.view(t.shape[0], t.shape[1], self.heads, -1).transpose(1, 2)  # noqa: E731
+        return [(split(layer["k2"](hidden)), split(layer["v2"](hidden))) for layer in self.layers]
+
     def join_cross(self, cache: RaggedCache, row: int, enc: EncoderOutput) -> None:
         """Row ``row``'s cross-attention keys and values in a ragged cache from ``enc`` (1, T, D) alone, in place."""
-        hidden = enc.hidden.to(self.dtype)
-        split = lambda t: t.view(1, t.shape[1], self.heads, -1).transpose(1, 2)  # noqa: E731
-        for layer, (keys, values) in zip(self.layers, cache.cache.cross):
-            keys[row : row + 1].copy_(split(layer["k2"](hidden)))
-            values[row : row + 1].copy_(split(layer["v2"](hidden)))
+        for (keys, values), (k, v) in zip(cache.cache.cross, self._cross_pairs(enc)):
+            keys[row : row + 1].copy_(k)
+            values[row : row + 1].copy_(v)
 
     def _step(self, ids: torch.Tensor, real: torch.Tensor, cache: RaggedCache | StaticDraftCache, enc: EncoderOutput | None):
         """Float32 logits (B, n, V') for the token ids (B, n) on the device and their real-token flags (B, n)
