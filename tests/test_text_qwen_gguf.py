@@ -33,12 +33,17 @@ def test_the_main_model_is_the_gguf_file_on_llamacpp(summarizer):
     assert loaded.main_model.path.name == "model.gguf" and loaded.main_model.path.stat().st_size > 10**9
 
 
-@pytest.mark.parametrize("words", [1, 3, 7])  # drafts within one pass, filling it, and split over two passes
-def test_one_verify_pass_gives_the_logits_of_plain_steps(summarizer, words):
-    prompt = summarizer.chat_prompts("summarize", DOCUMENT)[0]
+# copies: 4 copies of the document make a prompt of over 256 tokens, so attention reads 512 cached positions
+# (llama.cpp pads the cache it attends to by 256), where a float16 cache would sum a lone query another way
+@pytest.mark.parametrize("copies", [1, 4])
+@pytest.mark.parametrize("words", [1, 3, 7])  # passes of 2, of 3 + 1, and of 3 + 3 + 2 tokens
+def test_one_verify_pass_gives_the_logits_of_plain_steps(summarizer, words, copies):
+    prompt = summarizer.chat_prompts("summarize", " ".join([DOCUMENT] * copies))[0]
+    assert copies == 1 or len(prompt) > 256
     drafts = summarizer.tok.encode(" The city council agreed to fund new parks and a library.")[:words]
     verify, plain = verify_pass_and_plain_steps(summarizer.loaded.main, prompt, drafts, pad=0,
                                                 capacity=len(prompt) + 16)
+    assert summarizer.loaded.main.low == 1  # plain steps are passes of 1 token: the widths differ
     assert torch.equal(verify, plain)
 
 

@@ -1,44 +1,86 @@
-"""A main decoder on llama.cpp's kernels (a GGUF file's own quantized blocks), exact by fixed shapes.
+"""A main decoder on llama.cpp's kernels (a GGUF file's own quantized blocks), exact by width-invariant passes.
 
 The model is a ``models.llamacpp.LlamaCppModel``; each row of a request gets a llama.cpp context of its own
-(one sequence, its own KV cache), lent from a pool by size. Assisted output equals plain output by the same
-construction as ``fixed.FixedShapeDecoder``'s, on llama.cpp's side:
-    - every pass of a row is one ``llama_decode`` of exactly ``width`` (W) tokens with the logits of all W read:
-      a plain step is one token padded to W, a verify pass of more than W tokens takes several passes; so every
-      matrix product of a row has the same shape (W columns; the output head W columns too) and takes the same
-      kernel (ggml's per-column dot products of the quantized blocks), whatever the lookahead;
+(one sequence, its own KV cache), lent from a pool by size. Assisted output equals plain output because a
+token's logits are the same bits whichever pass computes them:
+    - every pass of a row is one ``llama_decode`` of ``low`` to ``high`` tokens with the logits of all of them
+      read (a pass shorter than ``low`` is padded to it; a verify chunk longer than ``high`` takes several
+      passes), and the decoder only uses widths whose bits were found equal on this machine
+      (``exact_widths``, below);
     - padding and rejected drafts are forgotten before the next pass (``llama_memory_seq_rm``), which writes
       the true tokens at those positions: the cache holds exactly positions 0 .. p - 1 when a pass starts at p,
       with the same values in the plain and the assisted run, in the same cells;
-    - attention masks later positions with -inf: their softmax weights are exact zeros, so what the padding or
-      the drafts after a token are does not touch its logits;
+    - attention masks later positions with -inf; ggml's flash attention skips masked cells, so what the padding
+      or the drafts after a token are does not touch its logits;
     - the prompt's tokens whose logits nobody reads go through one call of their own (at most the context's
-      ``max_tokens`` a call), the same in both runs; rows never share a call, so a row's bits do not depend on the batch.
-What is assumed (as of every GEMM in ``fixed``): within a product a column's bits do not depend on which of
-the W columns it is; ``tests/test_text_qwen_gguf.py`` checks the whole property on the real model: a verify
-pass's logits equal plain steps' bit for bit.
+      ``max_tokens`` a call), the same in both runs; rows never share a call, so a row's bits do not depend on
+      the batch.
+Why widths 1-3 agree (llama.cpp 0.3.36's CPU backend, read in its source and measured on the real model): a
+Q4_K/Q6_K product of fewer than 4 columns computes each column alone (ggml's repacked ``gemv``, or
+``vec_dot`` per column: activations quantized per column), while 4 columns or more take the 4-column ``gemm``
+with other bits; flash attention computes each query row alone, except a single query over 512 cached
+positions or more in a float16/float32 cache, which splits the keys across threads (another sum order),
+so the contexts keep their KV cache in bfloat16 (``models.llamacpp``). What other builds do (Intel's AMX
+kernels take another path for 1 column than for 2) is found at load by ``exact_widths``: where width 1 does
+not match wider passes, every pass is padded to 2, the fixed shape of earlier releases.
+``tests/test_text_qwen_gguf.py`` checks the property on the real model: a verify pass's logits equal plain
+steps' bit for bit.
 """
 
 from __future__ import annotations
 
+import logging
+
+import numpy as np
 import torch
 
 from .cache import EncoderOutput
 from .decoders import Decoder
 
-# tokens per pass: on a 2-core AMD EPYC a pass of w tokens costs 38 / 60 / 86 / 109 ms for w = 1 / 2 / 3 / 4 (the
-# Q4_K kernels are compute-bound: each column costs about as much as a step), so a draft pays only at a narrow
-# width: summarize-own, 2 documents, prompt lookup: 15.6 s at width 2, 17.6 s at 3, 17.1 s at 4 (docs/benchmarks.md)
-WIDTH = 2
+log = logging.getLogger(__name__)
+
+# widest pass: 4 columns take ggml's 4-column gemm (other bits than 1-3); on a 2-core AMD EPYC a pass of w
+# tokens costs 37.5 / 62.6 / 83.3 ms for w = 1 / 2 / 3 (the Q4_K kernels are compute-bound: each column costs
+# about 2/3 of a step), so a draft pays only when it is accepted often (docs/benchmarks.md)
+MAX_WIDTH = 3
+FALLBACK_WIDTH = 2  # every pass padded to this many tokens where width 1 gives other bits than wider passes
 CONTEXT_STEP = 256  # a row's context size is rounded up to this many positions (contexts are pooled by size)
+PROBE = [9707, 11, 1879, 0, 576, 3974, 13, 1096, 374, 264, 1273, 315, 279, 6223, 13, 358, 1414, 1112]  # any ids
+
+
+def exact_widths(model, probe: list[int] = PROBE, high: int = MAX_WIDTH) -> tuple[int, int]:
+    """The pass widths ``(low, high)`` whose logits are bit-equal on this machine's build of llama.cpp: a
+    short run of ``probe`` tokens is decoded after a prefix in passes of 1, 2, ... ``high`` tokens and each
+    token's logits compared. Returns ``(1, w)`` for the widest w such that widths 1..w all agree, else
+    ``(FALLBACK_WIDTH, FALLBACK_WIDTH)`` (fixed-width passes, exact by shape). About 0.7 s on 2 cores."""
+    prefix, run = probe[:6], probe[6 : 6 + 12]  # 12 tokens: whole passes at widths 1, 2, 3 (and 4, 6)
+    ctx = model.new_context(CONTEXT_STEP)
+    try:
+        seen = {}
+        for width in range(1, high + 1):
+            ctx.clear()
+            ctx.decode(prefix, 0, outputs=0)
+            seen[width] = np.concatenate([ctx.decode(run[i : i + width], len(prefix) + i, outputs=width)
+                                          for i in range(0, len(run), width)])
+    finally:
+        ctx.close()
+    agree = 1
+    while agree < high and np.array_equal(seen[1], seen[agree + 1]):
+        agree += 1
+    if agree == 1:
+        log.warning("llama.cpp on this CPU gives a token other logits in a pass of 1 token than in a pass of 2: "
+                    "every pass is padded to %d tokens (exact, but a plain step costs a 2-token pass)",
+                    FALLBACK_WIDTH)
+        return FALLBACK_WIDTH, FALLBACK_WIDTH
+    return 1, agree
 
 
 class LlamaCppCache:
     """A request's rows on llama.cpp: a context per row and its next true position. Nothing is rolled back
     eagerly: a pass first forgets the row's positions from ``next_pos`` on."""
 
-    def __init__(self, decoder: LlamaCppDecoder, contexts: list, width: int) -> None:
-        self.decoder, self.contexts, self.width = decoder, contexts, width
+    def __init__(self, decoder: LlamaCppDecoder, contexts: list) -> None:
+        self.decoder, self.contexts = decoder, contexts
         self.next_pos = [0] * len(contexts)
         for ctx in contexts:
             ctx.clear()
@@ -65,20 +107,31 @@ class LlamaCppCache:
 
 class LlamaCppDecoder(Decoder):
     """A ``LlamaCppModel`` as the main model (module docstring). Logits are float32 on the CPU, (B, n, V) with V
-    the config's vocabulary (columns llama.cpp has no token for are -inf)."""
+    the config's vocabulary (columns llama.cpp has no token for are -inf). ``width``: every pass exactly this
+    many tokens (a profile's fixed shape); None: the widths ``exact_widths`` finds."""
 
     fixed_batch = True  # rows stay for the whole request (their contexts are theirs)
     device_steps = False
 
-    def __init__(self, model, width: int = WIDTH) -> None:
+    def __init__(self, model, width: int | None = None) -> None:
         self.model, self.config = model, model.config
         self.dtype, self.device = torch.float32, torch.device("cpu")
         self.max_positions = getattr(self.config, "max_position_embeddings", None)
         self.vocab_ids = None
         self.compact_at = 0.5
-        self.width = width
+        self.low, self.high = (width, width) if width else exact_widths(model)
         self.vocab = max(int(getattr(self.config, "vocab_size", 0) or 0), model.vocab_size)
         self._pool: dict[int, list] = {}
+
+    @property
+    def narrow_passes(self) -> bool:
+        """Whether a plain step is a pass of 1 token (``Decoder.narrow_passes``)."""
+        return self.low == 1
+
+    @property
+    def width(self) -> int:
+        """The widest pass (tokens)."""
+        return self.high
 
     @property
     def reads_encoder(self) -> bool:
@@ -87,11 +140,11 @@ class LlamaCppDecoder(Decoder):
     def new_cache(self, batch: int, capacity: int | None = None) -> LlamaCppCache:
         """A context per row for ``capacity`` positions (prompt + new tokens; plus a pass of padding), rounded up
         to ``CONTEXT_STEP``."""
-        need = (capacity or self.max_positions or 4096) + self.width
+        need = (capacity or self.max_positions or 4096) + self.high
         size = -(-need // CONTEXT_STEP) * CONTEXT_STEP
         free = self._pool.setdefault(size, [])
         contexts = [free.pop() if free else self.model.new_context(size) for _ in range(batch)]
-        return LlamaCppCache(self, contexts, self.width)
+        return LlamaCppCache(self, contexts)
 
     def give_back(self, contexts: list) -> None:
         for ctx in contexts:
@@ -101,9 +154,9 @@ class LlamaCppDecoder(Decoder):
                 need_from: list[int] | None = None):
         """Logits (B, n, V) float32 for ``chunks`` (one list of new tokens a row, n the longest) and the real-token
         flags (B, n) on the host. Row b's tokens before ``need_from[b]`` go through the prompt call (no logits:
-        zeros in their columns); from there, passes of W tokens. A row with no tokens (finished) is not run."""
+        zeros in their columns); from there, passes of ``low`` to ``high`` tokens. A row with no tokens
+        (finished) is not run."""
         batch, n = len(chunks), max(1, max(len(c) for c in chunks))
-        width = cache.width
         logits = torch.zeros(batch, n, self.vocab, device=self.device)  # llama.cpp's logits: host memory
         real = torch.tensor([[j < len(c) for j in range(n)] for c in chunks], dtype=torch.bool, device="cpu")
         for b, chunk in enumerate(chunks):
@@ -114,10 +167,12 @@ class LlamaCppDecoder(Decoder):
             ctx.forget_from(start)
             for first in range(0, need, ctx.max_tokens):  # the prompt call(s)
                 ctx.decode(chunk[first : min(need, first + ctx.max_tokens)], start + first, outputs=0)
-            for first in range(need, len(chunk), width):  # passes of exactly W tokens, every column's logits read
-                tokens = chunk[first : first + width]
-                out = ctx.decode(tokens + [pad_id] * (width - len(tokens)), start + first, outputs=width)
-                ctx.forget_from(start + first + len(tokens))  # the padding's positions
+            for first in range(need, len(chunk), self.high):  # passes of low..high tokens, all logits read
+                tokens = chunk[first : first + self.high]
+                padded = tokens + [pad_id] * (self.low - len(tokens))
+                out = ctx.decode(padded, start + first, outputs=len(padded))
+                if len(padded) > len(tokens):
+                    ctx.forget_from(start + first + len(tokens))  # the padding's positions
                 logits[b, first : first + len(tokens), : out.shape[1]] = torch.from_numpy(out[: len(tokens)])
         if self.vocab > self.model.vocab_size:  # ids past llama.cpp's vocabulary: never chosen
             logits[:, :, self.model.vocab_size :] = float("-inf")

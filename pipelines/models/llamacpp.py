@@ -24,6 +24,7 @@ from .loading import ModelRef, ModelUnavailableError, load_config, load_generati
 DTYPE = "q4_k_m"  # the dtype name: the GGUF file type of the embedded Qwen models (llama.cpp's own name)
 EXTRA = "pip install -e '.[gguf]'"
 BATCH = 512  # tokens a llama.cpp call takes at most (longer runs are split; the split depends on the run alone)
+GGML_TYPE_BF16 = 30  # ggml.h's enum value (llama-cpp-python's mirror names only some types)
 
 
 def import_llama_cpp():
@@ -55,7 +56,14 @@ def gguf_file(ref: ModelRef) -> Path:
 
 
 class LlamaContext:
-    """One llama.cpp context holding one sequence (seq 0): its KV cache and a token batch of ``BATCH``."""
+    """One llama.cpp context holding one sequence (seq 0): its KV cache and a token batch of ``BATCH``.
+
+    Flash attention on and the KV cache in bfloat16 (llama.cpp's defaults: flash attention where the backend
+    has it, a float16 cache): ggml's CPU flash attention splits one query's keys across threads (another sum
+    order than for 2 or 3 queries) only for float16/float32 caches of 512 positions or more, so with bfloat16
+    a token's logits are the same bits in a pass of 1, 2 or 3 tokens (``engine.llamacpp``). The cache rounds
+    keys and values to bfloat16's 8 significant bits instead of float16's 11: summaries and translations can
+    differ from llama.cpp's defaults by a token where two were nearly tied."""
 
     def __init__(self, model: LlamaCppModel, n_ctx: int) -> None:
         lib = model.lib
@@ -63,6 +71,8 @@ class LlamaContext:
         params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = n_ctx, BATCH, BATCH, 1
         params.n_threads = params.n_threads_batch = model.threads
         params.no_perf = True
+        params.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        params.type_k = params.type_v = GGML_TYPE_BF16
         self.lib, self.n_ctx, self.vocab, self.max_tokens = lib, n_ctx, model.vocab_size, BATCH
         self.ctx = lib.llama_init_from_model(model.handle, params)
         if not self.ctx:
@@ -120,7 +130,7 @@ class LlamaCppModel:
     vocab_size: int
 
     def new_context(self, n_ctx: int) -> LlamaContext:
-        """A fresh context of ``n_ctx`` positions (its KV cache in float16, llama.cpp's default)."""
+        """A fresh context of ``n_ctx`` positions (flash attention, its KV cache in bfloat16: ``LlamaContext``)."""
         return LlamaContext(self, n_ctx)
 
     def close(self) -> None:

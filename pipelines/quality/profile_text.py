@@ -236,7 +236,8 @@ def _llamacpp_rows(pair, prompt: list[int], threads: int, steps: int, clock, log
                          clock)
     report = {}
     for system, (first, times) in runs.items():
-        width = f"width {decoder.width}; ms a pass by width {widths}" if system.startswith("Tandem") else "width 1"
+        width = (f"widths {decoder.low}-{decoder.high}; ms a pass by width {widths}" if system.startswith("Tandem")
+                 else "width 1")
         cost = StepCost.timed(system, first, times, None, f"{width}, GGUF file {size} MB with the embeddings")
         report[system] = {"cost": asdict(cost)}
         log(f"cost  {system}: first {cost.first_ms} ms, step {cost.step_ms} ms ({cost.notes})")
