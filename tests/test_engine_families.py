@@ -449,3 +449,22 @@ def test_static_paths_warmed_up_ragged_first_rounds_and_rules_that_change(monkey
     assert chosen == {False, (strict.begin_suppress, 12, strict.eos)}
     fused = {bool(k[4]) for c in lean._graph_pool.free.values() for k in c[0].fused}
     assert fused == {True, False}
+
+
+def test_prompt_lookup_drafts_only_from_matches_of_min_ngram_tokens():
+    """``min_ngram``: a match shorter than it drafts nothing (q4_k_m's narrow passes pay for every drafted token);
+    the longest match is still preferred."""
+    from pipelines.engine.drafters import PromptLookup as Lookup
+
+    def PromptLookup(**kw):  # noqa: N802 (a row with no source tokens: its own tokens are searched)
+        drafter = Lookup(**kw)
+        drafter.start([[]], None, None)
+        return drafter
+
+    seq = [5, 6, 7, 8, 9, 1, 2, 6, 7]  # "6 7" recurs (2 tokens); "2 6 7" does not
+    assert PromptLookup(ngram=3).lookup(0, seq, 2) == [8, 9]
+    assert PromptLookup(ngram=3, min_ngram=2).lookup(0, seq, 2) == [8, 9]
+    assert PromptLookup(ngram=3, min_ngram=3).lookup(0, seq, 2) == []
+    longer = [5, 2, 6, 7, 3] + seq  # now "2 6 7" recurs: a full 3-token match
+    assert PromptLookup(ngram=3, min_ngram=3).lookup(0, longer, 2) == [3, 5]
+    assert PromptLookup(ngram=2, min_ngram=5).lookup(0, seq, 1) == [8]  # min_ngram past ngram: ngram's matches

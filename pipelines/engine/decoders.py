@@ -32,6 +32,9 @@ class Decoder:
 
     fixed_batch = False  # True: the engine keeps finished rows in the batch (fixed shapes, see whisper.py)
     device_steps = True  # ``forward_ids`` takes device tensors (a ragged cache); False: host lists only
+    # True: a pass is as wide as its tokens and each drafted token costs about a step more (llama.cpp's
+    # narrow passes), so a draft likely to be rejected is not free; False: passes of a fixed width
+    narrow_passes = False
 
     def __init__(self, model) -> None:
         self.model = model

@@ -63,10 +63,11 @@ class Drafter:
 
 class PromptLookup(Drafter):
     """Propose the tokens that followed the latest earlier occurrence of the row's last n tokens, searching
-    the row's source tokens and its output so far (longest n first, down to 1)."""
+    the row's source tokens and its output so far (longest n first, from ``ngram`` down to ``min_ngram``;
+    nothing when not even ``min_ngram`` tokens match)."""
 
-    def __init__(self, ngram: int = 3) -> None:
-        self.ngram = ngram
+    def __init__(self, ngram: int = 3, min_ngram: int = 1) -> None:
+        self.ngram, self.min_ngram = ngram, min(min_ngram, ngram)
         self.sources: list[list[int]] = []
 
     def start(self, prompts, enc, encoder_inputs) -> int:
@@ -81,7 +82,7 @@ class PromptLookup(Drafter):
         if k <= 0:
             return []
         hay = self.sources[row] + seq
-        for n in range(min(self.ngram, len(seq)), 0, -1):
+        for n in range(min(self.ngram, len(seq)), self.min_ngram - 1, -1):
             tail = seq[-n:]
             # search right to left, excluding the tail itself
             for start in range(len(hay) - n - 1, -1, -1):
@@ -312,20 +313,21 @@ class ModelDrafter(Drafter):
 DrafterFactory = Callable[[Rules, int], Drafter]
 
 
-def model_drafter(decoder: Decoder, share_encoder: bool, pad_id: int, lookup_ngram: int | None = None) -> DrafterFactory:
+def model_drafter(decoder: Decoder, share_encoder: bool, pad_id: int, lookup_ngram: int | None = None,
+                  lookup_min_ngram: int = 1) -> DrafterFactory:
     """Draft with an assistant model (optionally trying prompt lookup first, row by row)."""
 
     def make(rules: Rules, max_new_tokens: int) -> Drafter:
-        lookup = PromptLookup(lookup_ngram) if lookup_ngram else None
+        lookup = PromptLookup(lookup_ngram, lookup_min_ngram) if lookup_ngram else None
         return ModelDrafter(decoder, rules, max_new_tokens, share_encoder, pad_id, lookup)
 
     return make
 
 
-def prompt_lookup(ngram: int = 3) -> DrafterFactory:
-    """Draft by prompt lookup alone."""
+def prompt_lookup(ngram: int = 3, min_ngram: int = 1) -> DrafterFactory:
+    """Draft by prompt lookup alone (``PromptLookup``)."""
 
     def make(rules: Rules, max_new_tokens: int) -> Drafter:
-        return PromptLookup(ngram)
+        return PromptLookup(ngram, min_ngram)
 
     return make

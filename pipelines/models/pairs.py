@@ -48,18 +48,23 @@ def pad_id_of(model) -> int:
 
 def engine_for(loaded: LoadedPair, draft: str) -> AssistedDecoder:
     """An engine over ``loaded``'s main model that drafts as ``draft`` says (none | model | prompt-lookup |
-    model+prompt-lookup); the model kinds need the pair's assistant. Benchmarks use it to compare drafters."""
+    model+prompt-lookup); the model kinds need the pair's assistant. Benchmarks use it to compare drafters.
+    Prompt lookup drafts from matches of 1 to ``prompt_lookup_ngram`` tokens; on a main decoder whose passes
+    are as wide as their tokens (``Decoder.narrow_passes``: q4_k_m), where a rejected draft costs most of a
+    step, only from full ``prompt_lookup_ngram``-token matches (summarize-own: 91% of those drafts accepted,
+    69% of all; docs/benchmarks.md)."""
     pair, pad = loaded.pair, pad_id_of(loaded.main_model)
     make = None
+    min_ngram = pair.prompt_lookup_ngram if loaded.main.narrow_passes else 1
     if draft.startswith("model"):
         if loaded.assistant_model is None:
             raise ValueError(f"pair {pair.name!r} has no assistant to draft with")
         lookup = pair.prompt_lookup_ngram if draft == "model+prompt-lookup" else None
         int8 = pair.assistant_int8 and int8_allowed(loaded.device)  # a CPU kernel: elsewhere the compute dtype
         make = model_drafter(as_decoder(loaded.assistant_model, assistant=True, int8=int8),
-                             pair.share_encoder, pad, lookup)
+                             pair.share_encoder, pad, lookup, min_ngram)
     elif draft == "prompt-lookup":
-        make = prompt_lookup(pair.prompt_lookup_ngram)
+        make = prompt_lookup(pair.prompt_lookup_ngram, min_ngram)
     return AssistedDecoder(loaded.main, make, pad)
 
 
