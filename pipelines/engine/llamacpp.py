@@ -21,8 +21,8 @@ Q4_K/Q6_K product of fewer than 4 columns computes each column alone (ggml's rep
 with other bits; flash attention computes each query row alone, except a single query over 512 cached
 positions or more in a float16/float32 cache, which splits the keys across threads (another sum order),
 so the contexts keep their KV cache in bfloat16 (``models.llamacpp``). What other builds do (Intel's AMX
-kernels take another path for 1 column than for 2) is found at load by ``exact_widths``: where width 1 does
-not match wider passes, every pass is padded to 2, the fixed shape of earlier releases.
+kernels may take another path for 1 column than for 2) is found at load by ``exact_widths``: where width 1
+does not match wider passes, every pass is padded to 2 tokens, as all were in earlier releases.
 ``tests/test_text_qwen_gguf.py`` checks the property on the real model: a verify pass's logits equal plain
 steps' bit for bit.
 """
@@ -51,28 +51,36 @@ PROBE = [9707, 11, 1879, 0, 576, 3974, 13, 1096, 374, 264, 1273, 315, 279, 6223,
 def exact_widths(model, probe: list[int] = PROBE, high: int = MAX_WIDTH) -> tuple[int, int]:
     """The pass widths ``(low, high)`` whose logits are bit-equal on this machine's build of llama.cpp: a
     short run of ``probe`` tokens is decoded after a prefix in passes of 1, 2, ... ``high`` tokens and each
-    token's logits compared. Returns ``(1, w)`` for the widest w such that widths 1..w all agree, else
-    ``(FALLBACK_WIDTH, FALLBACK_WIDTH)`` (fixed-width passes, exact by shape). About 0.7 s on 2 cores."""
-    prefix, run = probe[:6], probe[6 : 6 + 12]  # 12 tokens: whole passes at widths 1, 2, 3 (and 4, 6)
+    token's logits compared. ``(1, w)``: widths 1..w all agree (AMD EPYC: ``(1, 3)``); where width 1 differs
+    from width 2, ``(2, w)`` for the widths 2..w that agree with 2, every pass padded to 2 tokens (Intel's AMX
+    kernels may take another path for 1 column than for several); at worst ``(2, 2)``, the fixed shape of
+    earlier releases. About 0.7 s on 2 cores, at load; the KV cache paths that depend on its length are
+    ruled out by the bfloat16 cache (module docstring) and checked by the real-weight test."""
+    prefix, run = probe[:6], probe[6:]
     ctx = model.new_context(CONTEXT_STEP)
+
+    def logits(width: int) -> np.ndarray:
+        ctx.clear()
+        ctx.decode(prefix, 0, outputs=0)
+        parts = []
+        for i in range(0, len(run), width):
+            tokens = run[i : i + width]
+            out = ctx.decode(tokens + tokens[-1:] * (width - len(tokens)), len(prefix) + i, outputs=width)
+            parts.append(out[: len(tokens)])
+        return np.concatenate(parts)
+
     try:
-        seen = {}
-        for width in range(1, high + 1):
-            ctx.clear()
-            ctx.decode(prefix, 0, outputs=0)
-            seen[width] = np.concatenate([ctx.decode(run[i : i + width], len(prefix) + i, outputs=width)
-                                          for i in range(0, len(run), width)])
+        first = {1: logits(1), 2: logits(2)}
+        low = 1 if np.array_equal(first[1], first[2]) else FALLBACK_WIDTH
+        top = 2
+        while top < high and np.array_equal(first[low], logits(top + 1)):
+            top += 1
     finally:
         ctx.close()
-    agree = 1
-    while agree < high and np.array_equal(seen[1], seen[agree + 1]):
-        agree += 1
-    if agree == 1:
+    if low > 1:
         log.warning("llama.cpp on this CPU gives a token other logits in a pass of 1 token than in a pass of 2: "
-                    "every pass is padded to %d tokens (exact, but a plain step costs a 2-token pass)",
-                    FALLBACK_WIDTH)
-        return FALLBACK_WIDTH, FALLBACK_WIDTH
-    return 1, agree
+                    "every pass is padded to %d tokens (exact, but a plain step costs a 2-token pass)", low)
+    return low, top
 
 
 class LlamaCppCache:
