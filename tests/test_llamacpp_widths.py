@@ -67,13 +67,14 @@ def test_passes_are_cut_at_high_and_padded_to_low():
     padded = LlamaCppDecoder(fake_model(KERNELS["another kernel for 1 column (AMX)"][0]))
     assert (narrow.low, narrow.high, narrow.narrow_passes) == (1, 3, True)
     assert (padded.low, padded.high, padded.narrow_passes) == (2, 3, False)
-    for decoder, widths in ((narrow, [3, 3, 1, 1, 1]), (padded, [3, 3, 2, 2, 2])):
+    for decoder, widths in ((narrow, [3, 3, 1, 1]), (padded, [3, 3, 2, 2])):
         cache = decoder.new_cache(1, 32)
         ctx = cache.contexts[0]
         ctx.calls.clear()
-        # a prompt of 1 token and a verify chunk of 7 (3 + 3 + 1), then two plain steps
+        # a prompt of 2 tokens and 6 drafts (3 + 3), then two plain steps
         logits, real = decoder.forward([[1, 2, 3, 4, 5, 6, 7, 8]], cache, None, pad_id=0, need_from=[1])
-        assert ctx.calls[0] == ([1], 0, 0)  # the prompt's token whose logits nobody reads: a call of its own
+        assert ctx.calls[0] == ([1, 2], 0, "last")  # the prompt call gives the last prompt token's logits
+        assert logits[0, 0].abs().sum() == 0 and logits[0, 1].abs().sum() > 0
         cache.commit(real)
         step, _ = decoder.forward([[9]], cache, None, pad_id=0)
         step2, _ = decoder.forward([[10]], cache, None, pad_id=0)

@@ -13,8 +13,9 @@ token's logits are the same bits whichever pass computes them:
     - attention masks later positions with -inf; ggml's flash attention skips masked cells, so what the padding
       or the drafts after a token are does not touch its logits;
     - the prompt's tokens whose logits nobody reads go through one call of their own (at most the context's
-      ``max_tokens`` a call), the same in both runs; rows never share a call, so a row's bits do not depend on
-      the batch.
+      ``max_tokens`` a call) with the next token, whose logits it gives (the last prompt token's: the first
+      token decoded); that call is the same in the plain and the assisted run, the drafts after it go through
+      narrow passes in both; rows never share a call, so a row's bits do not depend on the batch.
 Why widths 1-3 agree (llama.cpp 0.3.36's CPU backend, read in its source and measured on the real model): a
 Q4_K/Q6_K product of fewer than 4 columns computes each column alone (ggml's repacked ``gemv``, or
 ``vec_dot`` per column: activations quantized per column), while 4 columns or more take the 4-column ``gemm``
@@ -161,9 +162,9 @@ class LlamaCppDecoder(Decoder):
     def forward(self, chunks: list[list[int]], cache: LlamaCppCache, enc: EncoderOutput | None, pad_id: int,
                 need_from: list[int] | None = None):
         """Logits (B, n, V) float32 for ``chunks`` (one list of new tokens a row, n the longest) and the real-token
-        flags (B, n) on the host. Row b's tokens before ``need_from[b]`` go through the prompt call (no logits:
-        zeros in their columns); from there, passes of ``low`` to ``high`` tokens. A row with no tokens
-        (finished) is not run."""
+        flags (B, n) on the host. Row b's tokens before ``need_from[b]`` go through the prompt call with the
+        token at ``need_from[b]`` (only its logits read: zeros in the others' columns); from there, passes of
+        ``low`` to ``high`` tokens. A row with no tokens (finished) is not run."""
         batch, n = len(chunks), max(1, max(len(c) for c in chunks))
         logits = torch.zeros(batch, n, self.vocab, device=self.device)  # llama.cpp's logits: host memory
         real = torch.tensor([[j < len(c) for j in range(n)] for c in chunks], dtype=torch.bool, device="cpu")
@@ -173,8 +174,14 @@ class LlamaCppDecoder(Decoder):
             ctx, start = cache.contexts[b], cache.next_pos[b]
             need = min(max(0, (need_from or [0] * batch)[b]), len(chunk))
             ctx.forget_from(start)
-            for first in range(0, need, ctx.max_tokens):  # the prompt call(s)
-                ctx.decode(chunk[first : min(need, first + ctx.max_tokens)], start + first, outputs=0)
+            if need:  # the prompt call(s), the last one also giving the first needed token's logits
+                head = min(need + 1, len(chunk))
+                for first in range(0, head, ctx.max_tokens):
+                    end = min(head, first + ctx.max_tokens)
+                    out = ctx.decode(chunk[first:end], start + first, outputs=0, last=end > need)
+                if head > need:
+                    logits[b, need, : out.shape[1]] = torch.from_numpy(out[0])
+                need = head
             for first in range(need, len(chunk), self.high):  # passes of low..high tokens, all logits read
                 tokens = chunk[first : first + self.high]
                 padded = tokens + [pad_id] * (self.low - len(tokens))

@@ -88,22 +88,24 @@ class LlamaContext:
         """Forget positions ``position`` onwards (rejected drafts, padding): the next call writes them again."""
         self.lib.llama_memory_seq_rm(self.memory, 0, position, -1)
 
-    def decode(self, tokens: list[int], start: int, outputs: int) -> np.ndarray | None:
+    def decode(self, tokens: list[int], start: int, outputs: int, last: bool = False) -> np.ndarray | None:
         """Run ``tokens`` at positions ``start``, ``start + 1``, ... (at most ``BATCH``) into the KV cache; the
-        logits (outputs, V) float32 of the first ``outputs`` tokens, copied out (the next call overwrites them),
-        or None for 0. Raises RuntimeError when llama.cpp refuses the batch (no room in the cache: the caller
-        sized it)."""
+        logits (outputs, V) float32 of the first ``outputs`` tokens, or with ``last`` (1, V) of the last token
+        alone, copied out (the next call overwrites them); None for no logits. Raises RuntimeError when
+        llama.cpp refuses the batch (no room in the cache: the caller sized it)."""
         batch, n = self.batch, len(tokens)
         batch.n_tokens = n
         for i, token in enumerate(tokens):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, start + i, 1, i < outputs
+            wanted = i == n - 1 if last else i < outputs
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, start + i, 1, wanted
             batch.seq_id[i][0] = 0
         status = self.lib.llama_decode(self.ctx, batch)
         if status != 0:
             raise RuntimeError(f"llama_decode returned {status} for {n} tokens at position {start} (context {self.n_ctx})")
-        if not outputs:
+        rows = 1 if last else outputs
+        if not rows:
             return None
-        return np.ctypeslib.as_array(self.lib.llama_get_logits(self.ctx), shape=(outputs, self.vocab)).copy()
+        return np.ctypeslib.as_array(self.lib.llama_get_logits(self.ctx), shape=(rows, self.vocab)).copy()
 
     def close(self) -> None:
         if self.ctx:
