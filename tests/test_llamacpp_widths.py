@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 
 from pipelines.engine.llamacpp import LlamaCppDecoder, exact_widths
+from pipelines.models.loading import ModelUnavailableError
 
 VOCAB = 8
 
 
 class FakeContext:
-    """Logits that are a function of (token, position), shifted by ``shift(width)``: the bits a kernel of that
-    pass width gives. Records each call's (tokens, start, outputs)."""
+    """Logits that are a function of (token, position), shifted by ``shift(width, column)``: the bits a kernel
+    gives a token in that column of a pass of that width. Records each call's (tokens, start, outputs)."""
 
     def __init__(self, shift, n_ctx=256):
         self.shift, self.n_ctx, self.max_tokens, self.calls = shift, n_ctx, 512, []
@@ -33,7 +34,7 @@ class FakeContext:
         read = [len(tokens) - 1] if last else range(outputs)
         if not read:
             return None
-        rows = [(np.arange(VOCAB) * (tokens[i] + 1) + start + i) / 7.0 + self.shift(len(tokens)) for i in read]
+        rows = [(np.arange(VOCAB) * (tokens[i] + 1) + start + i) / 7.0 + self.shift(len(tokens), i) for i in read]
         return np.array(rows, dtype=np.float32)
 
 
@@ -48,10 +49,10 @@ def fake_model(shift):
     return SimpleNamespace(new_context=new_context, config=config, vocab_size=VOCAB, contexts=contexts)
 
 
-KERNELS = {  # bits by width, the widths found with high 3 and high 6
-    "columns alone below 4 (AMD EPYC)": (lambda w: 0.0 if w < 4 else 1e-3, (1, 3), (1, 3)),
-    "another kernel for 1 column (AMX)": (lambda w: 1e-3 if w == 1 else 0.0, (2, 3), (2, 6)),
-    "every width its own bits": (lambda w: 1e-3 * w, (2, 2), (2, 2)),
+KERNELS = {  # bits by width and column, the widths found with high 3 and high 6
+    "columns alone below 4 (AMD EPYC)": (lambda w, i: 0.0 if w < 4 else 1e-3, (1, 3), (1, 3)),
+    "another kernel for 1 column (AMX)": (lambda w, i: 1e-3 if w == 1 else 0.0, (2, 3), (2, 6)),
+    "every width its own bits": (lambda w, i: 1e-3 * w, (2, 2), (2, 2)),
 }
 
 
@@ -60,6 +61,13 @@ def test_exact_widths_keeps_only_widths_that_agree(kernel):
     shift, upto3, upto6 = KERNELS[kernel]
     assert exact_widths(fake_model(shift)) == upto3
     assert exact_widths(fake_model(shift), high=6) == upto6
+
+
+@pytest.mark.parametrize("shift", [lambda w, i: 1e-3 * i, lambda w, i: 1e-3 * w + 1e-4 * i],
+                         ids=["columns differ", "widths and columns differ"])
+def test_no_exact_layout_refuses_the_dtype(shift):
+    with pytest.raises(ModelUnavailableError, match="use --dtype bfloat16"):
+        exact_widths(fake_model(shift))
 
 
 def test_passes_are_cut_at_high_and_padded_to_low():

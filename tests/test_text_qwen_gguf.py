@@ -43,7 +43,6 @@ def test_one_verify_pass_gives_the_logits_of_plain_steps(summarizer, words, copi
     drafts = summarizer.tok.encode(" The city council agreed to fund new parks and a library.")[:words]
     verify, plain = verify_pass_and_plain_steps(summarizer.loaded.main, prompt, drafts, pad=0,
                                                 capacity=len(prompt) + 16)
-    assert summarizer.loaded.main.low == 1  # plain steps are passes of 1 token: the widths differ
     assert torch.equal(verify, plain)
 
 
