@@ -99,11 +99,12 @@ def add_model(parser: argparse.ArgumentParser, what: str, *, required: bool = Fa
                         help=what)
 
 
-WEIGHT_DTYPE_HELP = ("dtype (default: the pair's); int8 / int4: the main model's weights quantized (int4 in groups "
-                     "of 32) on torch's kernels, products in bfloat16 where the CPU has it natively, else float32; "
-                     "q4_k_m: the main model is the pair's GGUF file itself on llama.cpp's kernels (the 'gguf' extra), "
-                     "the fastest here (docs/benchmarks.md); each reads fewer bytes a step than bfloat16, assisted output "
-                     "still equal to plain in that dtype; a CPU only (docs/text.md)")
+WEIGHT_DTYPE_HELP = ("dtype (default: the pair's, bfloat16 for the embedded Qwen pairs); int8 / int4: the main "
+                     "model's weights quantized (int4 in groups of 32) on torch's kernels, products in bfloat16 where "
+                     "the CPU has it natively, else float32; q4_k_m: the main model is the pair's GGUF file itself on "
+                     "llama.cpp's kernels, the fastest here (docs/benchmarks.md), not the "
+                     "default because it needs the 'gguf' extra, which compiles llama.cpp; each reads fewer bytes a "
+                     "step than bfloat16, assisted output still equal to plain in that dtype; a CPU only (docs/text.md)")
 
 
 WHISPER_DTYPE_HELP = ("dtype (default: the pair's); int8 / int4: the decoders' linear layers quantized (int4 in "
