@@ -13,6 +13,7 @@ from test_text_qwen import DOCUMENT, pytestmark as text_marks
 from test_text_qwen_quantized import summary_and_translation_assisted_equal_plain
 
 from pipelines.devices import DeviceError, resolve_dtype
+from pipelines.models.loading import ModelUnavailableError
 from pipelines.models.pairs import load_pair
 from pipelines.models.registry import RegistryError, load_registry
 from pipelines.text import TextRunner
@@ -24,7 +25,12 @@ pytestmark = text_marks + [
 
 @pytest.fixture(scope="module")
 def summarizer():
-    return TextRunner(load_registry().get("qwen2.5-coder-1.5b+0.5b-summarize"), "q4_k_m")
+    try:
+        return TextRunner(load_registry().get("qwen2.5-coder-1.5b+0.5b-summarize"), "q4_k_m")
+    except ModelUnavailableError as e:  # no exact pass layout on this CPU's build (test_llamacpp_widths checks that)
+        if "no pass layout" not in str(e):
+            raise
+        pytest.skip(str(e))
 
 
 def test_the_main_model_is_the_gguf_file_on_llamacpp(summarizer):
