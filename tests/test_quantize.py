@@ -167,7 +167,8 @@ def test_commands_offer_the_weight_dtypes_and_other_pairs_refuse_them(local_mode
     parser = build_parser()
     for argv in (["translate", "--dtype", "int4", "x"], ["summarize", "--dtype", "int8", "x"],
                  ["bench", "text", "--dtype", "int4"], ["transcribe", "--dtype", "int4", "a.wav"],
-                 ["eval", "-m", "whisper-base", "--set", "speech-real", "--dtype", "int8"]):
+                 ["eval", "-m", "whisper-base", "--set", "speech-real", "--dtype", "int8"],
+                 ["eval", "-m", "qwen2.5-coder-1.5b+prompt-lookup", "--set", "summarize-own", "--dtype", "q4_k_m"]):
         assert parser.parse_args(argv).dtype == argv[argv.index("--dtype") + 1]
     assert parser.parse_args(["bench", "asr", "--dtypes", "float32, int8,int4"]).dtypes == ("float32", "int8", "int4")
     assert parser.parse_args(["bench", "asr"]).dtypes == ("float32", "bfloat16")
@@ -178,3 +179,5 @@ def test_commands_offer_the_weight_dtypes_and_other_pairs_refuse_them(local_mode
         assert wrong in capsys.readouterr().err
     with pytest.raises(RegistryError, match="Whisper and Llama-layout"):  # before any weights load
         load_pair(load_registry(local_models_file).get("bart-pair"), "int8")
+    with pytest.raises(RegistryError, match="GGUF file of an embedded text model"):  # eval's speech pairs too
+        load_pair(load_registry().get("whisper-base"), "q4_k_m")

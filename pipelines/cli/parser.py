@@ -195,8 +195,9 @@ def add_eval(sub) -> None:
     p.add_argument("--limit", type=count, help="first N items only")
     p.add_argument("--repeats", type=count, default=3, help="interleaved timed runs per mode")
     add_dtype(p, "dtype (default: the pair's); int8 / int4: the decoders' linear layers quantized on a CPU, for "
-              "Whisper and the Llama-layout text pairs (docs/transcription.md, docs/text.md)",
-              weights=TORCH_WEIGHT_DTYPES)
+              "Whisper and the Llama-layout text pairs (docs/transcription.md, docs/text.md); q4_k_m: a text pair's "
+              "main model as its GGUF file on llama.cpp (the 'gguf' extra; docs/text.md)",
+              weights=WEIGHT_DTYPES)
     add_report(p, None, "write the report (schema tandem-eval/1) here")
     add_lookahead(p)
     p.set_defaults(func=cmd_eval)
