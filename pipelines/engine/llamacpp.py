@@ -151,11 +151,6 @@ class LlamaCppDecoder(Decoder):
         return self.low == 1
 
     @property
-    def width(self) -> int:
-        """The widest pass (tokens)."""
-        return self.high
-
-    @property
     def reads_encoder(self) -> bool:
         return False
 
